@@ -39,6 +39,7 @@ Format (``format_version = 1``)::
     bytes = 123
     block_size = 32                    # INT4 only
     [artifacts.int4.build]             # free-form build information (seed, versions, command)
+    [artifacts.int4.session_config]    # optional ONNX Runtime session config entries (string -> string)
 
     [metrics.int4]                     # free-form measured metrics (AUC, ms per batch, ...)
 
@@ -105,6 +106,7 @@ class Artifact:
     size_bytes: int  # expected size
     block_size: int | None  # INT4 block size, else None
     build: dict[str, Any] = field(default_factory=dict)  # free-form build information
+    session_config: dict[str, str] = field(default_factory=dict)  # ONNX Runtime session config entries
 
     def verify(self) -> None:
         """Raise :class:`ArtifactIntegrityError` unless the file exists and its sha256 matches."""
@@ -211,6 +213,7 @@ def load_manifest(path: Path | str) -> Manifest:
             size_bytes=int(_req(art, "bytes", int, w)),
             block_size=int(block) if block is not None else None,
             build=dict(art.get("build", {})),
+            session_config={str(k): str(v) for k, v in art.get("session_config", {}).items()},
         )
     if not artifacts:
         raise ManifestError(f"{where}: [artifacts] is empty")

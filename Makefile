@@ -1,0 +1,53 @@
+# edge-appliance: the README's two commands live here.
+#   make run   - fresh machine -> .venv with the CPU extra -> `appliance serve` (bundled model, ORT on CPU)
+#   make test  - same set-up plus the dev extra -> the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+ARGS   ?=
+
+.PHONY: run test setup setup-dev bench proto model eval thermal-sim clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.setup-cpu: pyproject.toml | $(BIN)/python
+	$(PIP) install -q -e '.[cpu]'
+	touch $@
+
+$(VENV)/.setup-dev: pyproject.toml $(VENV)/.setup-cpu
+	$(PIP) install -q -e '.[cpu,dev]'
+	touch $@
+
+setup: $(VENV)/.setup-cpu
+setup-dev: $(VENV)/.setup-dev
+
+run: setup
+	$(BIN)/appliance serve $(ARGS)
+
+test: setup-dev
+	$(BIN)/python -m pytest $(ARGS)
+
+bench: setup
+	$(BIN)/appliance bench --json bench.json $(ARGS)
+
+thermal-sim: setup-dev
+	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)
+
+# Regenerate the committed gRPC stubs (tests/test_proto.py checks they are current).
+proto: setup-dev
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		appliance/proto/v1/inference.proto
+
+# Rebuild the reference model from its seed (torch is a build-only extra).
+model: setup-dev
+	$(PIP) install -q -e '.[cpu,dev,build]'
+	$(BIN)/appliance models build ct-nodule $(ARGS)
+
+eval: setup
+	$(BIN)/appliance models eval ct-nodule --json $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

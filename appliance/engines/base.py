@@ -1,0 +1,89 @@
+"""The engine seam: one fixed-batch model, run by exactly one thread.
+
+Contract:
+- ``load()`` prepares everything (session, engine plan, buffers) and ``warmup()`` runs at least one batch, so
+  the first real request is not slow. Both run on the engine thread.
+- ``run(batch)`` takes exactly ``[B, *item_shape]`` float32 (a shape/dtype guard rejects anything else) and
+  returns a dict of outputs keyed by name, each with first dimension B. Padding rows are the caller's:
+  the engine never sees a partial batch.
+- A failure of one batch raises :class:`~appliance.errors.EngineError`; a failure after which no batch can
+  run (device lost, context corrupt) raises :class:`~appliance.errors.EngineDeadError`.
+- ``backend`` names what *actually* runs (e.g. ``onnxruntime:CPUExecutionProvider``), never what was asked.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import numpy as np
+
+from appliance.errors import EngineError
+from appliance.manifest import Artifact, Manifest
+
+__all__ = ["Engine", "EngineOptions"]
+
+EngineOptions = dict[str, Any]
+
+
+class Engine(abc.ABC):
+    """A fixed-batch model runner. Subclasses register in :mod:`appliance.engines`."""
+
+    #: Registry name, e.g. "onnxruntime-cpu".
+    name: ClassVar[str] = ""
+    #: Python distributions this backend needs, name -> why (shown by `appliance backends`).
+    DEPENDENCIES: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, manifest: Manifest, artifact: Artifact, options: EngineOptions | None = None) -> None:
+        self.manifest = manifest
+        self.artifact = artifact
+        self.options: EngineOptions = dict(options or {})
+        self.batch_size = manifest.input.batch_size
+        self.item_shape = manifest.input.item_shape
+        self.input_name = manifest.input.name
+        self.output_names = tuple(o.name for o in manifest.outputs)
+
+    @classmethod
+    def why_unavailable(cls) -> str | None:
+        """Return None if this backend can run here, else a human reason naming what is missing."""
+        return None
+
+    @property
+    def precision(self) -> str:
+        """The artifact's precision, e.g. "int4"."""
+        return self.artifact.precision
+
+    @property
+    @abc.abstractmethod
+    def backend(self) -> str:
+        """What actually runs, e.g. ``onnxruntime:CPUExecutionProvider``."""
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load the artifact and allocate; raise EngineError/BackendUnavailable on failure."""
+
+    @abc.abstractmethod
+    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Run one full batch; subclasses implement, :meth:`run` guards."""
+
+    def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """Run one full ``[B, ...]`` float32 batch and return outputs by name (first dim B)."""
+        expected = (self.batch_size, *self.item_shape)
+        if batch.shape != expected or batch.dtype != np.float32:
+            raise EngineError(
+                f"engine input must be float32 {list(expected)}, got {batch.dtype} {list(batch.shape)}"
+            )
+        outputs = self._run(batch)
+        for key, value in outputs.items():
+            if value.shape[:1] != (self.batch_size,):
+                raise EngineError(f"engine output {key!r} has shape {list(value.shape)}, expected first dim B")
+        return outputs
+
+    def warmup(self, runs: int = 2) -> None:
+        """Run ``runs`` zero batches so lazy initialisation happens before READY."""
+        zeros = np.zeros((self.batch_size, *self.item_shape), dtype=np.float32)
+        for _ in range(runs):
+            self.run(zeros)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (default: nothing)."""

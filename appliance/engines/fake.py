@@ -1,0 +1,86 @@
+"""A fake engine shipped in the package: deterministic outputs, scripted latency, failures and hangs.
+
+Outputs follow the manifest: an output of shape ``[B, 1]`` or ``[B]`` gets each row's mean input value (a
+"score" in [0, 1] for unit-range inputs); an output ``[B, h, w]`` gets the input average-pooled to h x w. So a
+test can put a known image into a request and predict the reply exactly. Every batch it runs is recorded
+(number of non-zero rows, time), which is how tests see padding.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+
+from appliance.clock import Clock, RealClock
+from appliance.engines.base import Engine
+from appliance.errors import EngineDeadError, EngineError
+
+__all__ = ["FakeEngine"]
+
+
+class FakeEngine(Engine):
+    """Fixed-batch fake. Options: ``latency_s`` (per batch, slept on the given clock), ``clock``,
+    ``fail_batches`` (set of batch numbers that raise EngineError), ``dead_after`` (batch number from which
+    EngineDeadError is raised), ``hang`` (a threading.Event: run blocks until it is set)."""
+
+    name = "fake"
+    DEPENDENCIES: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock: Clock = self.options.get("clock") or RealClock()
+        self.latency_s = float(self.options.get("latency_s", 0.0))
+        self.fail_batches: set[int] = set(self.options.get("fail_batches", ()))
+        self.dead_after: int | None = self.options.get("dead_after")
+        self.hang: threading.Event | None = self.options.get("hang")
+        self.batches: list[np.ndarray] = []  # copies of every batch run (warm-up excluded)
+        self.loaded = False
+        self._warming = False
+
+    @property
+    def backend(self) -> str:
+        """Always ``fake``."""
+        return "fake"
+
+    def load(self) -> None:
+        """Nothing to load."""
+        self.loaded = True
+
+    def warmup(self, runs: int = 2) -> None:
+        """Run zero batches without recording them."""
+        self._warming = True
+        try:
+            super().warmup(runs)
+        finally:
+            self._warming = False
+
+    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        if not self._warming:
+            n = len(self.batches)
+            self.batches.append(batch.copy())
+            if self.dead_after is not None and n >= self.dead_after:
+                raise EngineDeadError(f"fake engine dead at batch {n}")
+            if n in self.fail_batches:
+                raise EngineError(f"fake engine failed batch {n}")
+            if self.hang is not None:
+                self.hang.wait()
+        if self.latency_s:
+            self.clock.sleep(self.latency_s)
+        flat = batch.reshape(batch.shape[0], -1)
+        outputs: dict[str, np.ndarray] = {}
+        for spec in self.manifest.outputs:
+            if len(spec.shape) <= 2:
+                outputs[spec.name] = flat.mean(axis=1).reshape(spec.shape).astype(np.float32)
+            else:
+                h, w = spec.shape[-2:]
+                img = batch.reshape(batch.shape[0], -1, *batch.shape[-2:]).mean(axis=1)
+                fy, fx = img.shape[1] // h, img.shape[2] // w
+                pooled = img[:, : h * fy, : w * fx].reshape(batch.shape[0], h, fy, w, fx).mean(axis=(2, 4))
+                outputs[spec.name] = pooled.reshape(spec.shape).astype(np.float32)
+        return outputs
+
+    def real_rows(self) -> list[int]:
+        """Return, per recorded batch, how many rows were not all-zero padding."""
+        return [int(np.count_nonzero(b.reshape(b.shape[0], -1).any(axis=1))) for b in self.batches]

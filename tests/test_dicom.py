@@ -1,0 +1,297 @@
+"""appliance.dicom: parse, validate and decode hand-made good and bad inputs."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pydicom
+import pytest
+from PIL import Image
+from pydicom.data import get_testdata_file
+from pydicom.dataset import Dataset
+from pydicom.encaps import encapsulate
+from pydicom.uid import (
+    DeflatedExplicitVRLittleEndian,
+    EnhancedCTImageStorage,
+    ExplicitVRBigEndian,
+    JPEGLSLossless,
+    RLELossless,
+)
+
+from appliance import dicom
+from appliance.dicom import DECODER_PLUGINS, NATIVE, DicomLimits, decoder_report, parse
+from appliance.errors import DicomError, InputError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
+from dicom_testkit import SECRET, make_dataset, to_bytes
+
+
+def _testdata(name: str) -> bytes:
+    path = get_testdata_file(name)
+    assert path is not None, name
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _with(**tags: object) -> bytes:
+    ds = make_dataset(rows=8, columns=8)
+    for key, value in tags.items():
+        setattr(ds, key, value)
+    return to_bytes(ds, enforce=False)
+
+
+def _without(*keywords: str) -> bytes:
+    ds = make_dataset(rows=8, columns=8)
+    for kw in keywords:
+        delattr(ds, kw)
+    return to_bytes(ds, enforce=False)
+
+
+def _no_transfer_syntax() -> bytes:
+    ds = make_dataset()
+    del ds.file_meta.TransferSyntaxUID
+    buf = io.BytesIO()
+    ds.preamble = b"\x00" * 128
+    ds.save_as(buf, enforce_file_format=False, implicit_vr=False, little_endian=True)
+    return buf.getvalue()
+
+
+def _truncated_pixels() -> bytes:
+    return to_bytes(make_dataset(rows=64, columns=64))[:-100]
+
+
+def _extra_frames() -> bytes:
+    # Two frames of pixel data but NumberOfFrames = 1.
+    return to_bytes(make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=1))
+
+
+def _missing_frames() -> bytes:
+    return to_bytes(make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=3))
+
+
+def _rle_fragments_mismatch() -> bytes:
+    ds = make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=2)
+    ds.compress(RLELossless, encoding_plugin="pydicom")
+    ds.NumberOfFrames = 3
+    return to_bytes(ds)
+
+
+def _unsupported_syntax() -> bytes:
+    ds = make_dataset()
+    ds.PixelData = encapsulate([b"\x00" * 16])
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.100"  # MPEG2 Main Profile
+    return to_bytes(ds, enforce=False)
+
+
+def _not_encapsulated() -> bytes:
+    ds = make_dataset()
+    raw = to_bytes(ds)
+    return raw.replace(b"1.2.840.10008.1.2.1\x00", b"1.2.840.10008.1.2.5\x00", 1)  # claims RLE, same length
+
+
+# (id, bytes factory, expected error type, substrings the message must contain)
+BAD_INPUTS = [
+    ("empty", lambda: b"", DicomError, ["0 bytes"]),
+    ("random-bytes", lambda: np.random.default_rng(0).bytes(4096), DicomError, ["DICM"]),
+    ("png", _png, DicomError, ["DICM"]),
+    ("preamble-then-random", lambda: b"\x00" * 128 + b"DICM" + np.random.default_rng(1).bytes(512), DicomError,
+     []),
+    ("header-truncated-300", lambda: to_bytes(make_dataset())[:300], DicomError, []),
+    ("no-transfer-syntax", _no_transfer_syntax, DicomError, ["(0002,0010) Transfer Syntax UID"]),
+    ("unsupported-syntax", _unsupported_syntax, UnsupportedTransferSyntax, ["1.2.840.10008.1.2.4.100"]),
+    ("pixel-data-truncated", _truncated_pixels, DicomError, ["(7FE0,0010) Pixel Data", "8092", "8192"]),
+    ("rows-0", lambda: _with(Rows=0), DicomError, ["(0028,0010) Rows"]),
+    ("columns-missing", lambda: _without("Columns"), DicomError, ["(0028,0011) Columns"]),
+    ("bits-stored-gt-allocated", lambda: _with(BitsStored=17), DicomError, ["(0028,0101) Bits Stored"]),
+    ("bits-allocated-12", lambda: _with(BitsAllocated=12), DicomError, ["(0028,0100) Bits Allocated"]),
+    ("pixel-representation-missing", lambda: _without("PixelRepresentation"), DicomError,
+     ["(0028,0103) Pixel Representation"]),
+    ("samples-missing", lambda: _without("SamplesPerPixel"), DicomError, ["(0028,0002) Samples per Pixel"]),
+    ("rgb-with-1-sample", lambda: _with(PhotometricInterpretation="RGB"), DicomError,
+     ["(0028,0004) Photometric Interpretation", "(0028,0002) Samples per Pixel"]),
+    ("photometric-unknown", lambda: _with(PhotometricInterpretation="CMYK"), DicomError,
+     ["(0028,0004) Photometric Interpretation"]),
+    ("frames-0", lambda: _with(NumberOfFrames=0), DicomError, ["(0028,0008) Number of Frames"]),
+    ("frames-extra-data", _extra_frames, DicomError, ["(0028,0008) Number of Frames", "holds 2 frames"]),
+    ("frames-too-many", _missing_frames, DicomError, ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
+    ("rle-fragments-vs-frames", _rle_fragments_mismatch, DicomError, ["(0028,0008) Number of Frames"]),
+    ("compressed-syntax-native-pixels", _not_encapsulated, DicomError, ["not encapsulated"]),
+    ("sop-class-missing", lambda: _without("SOPClassUID"), DicomError, ["(0008,0016) SOP Class UID"]),
+    ("sop-instance-missing", lambda: _without("SOPInstanceUID"), DicomError, ["(0008,0018) SOP Instance UID"]),
+    ("ct-without-pixels", lambda: _without("PixelData"), DicomError, ["(7FE0,0010) Pixel Data", "CT Image"]),
+    ("rescale-slope-0", lambda: _with(RescaleSlope=0, RescaleIntercept=0), DicomError,
+     ["(0028,1053) Rescale Slope"]),
+    ("rt-plan", lambda: _testdata("rtplan.dcm"), NotApplicable, ["RT Plan Storage", "(7FE0,0010) Pixel Data"]),
+    ("sr", lambda: _testdata("reportsi.dcm"), NotApplicable, ["Basic Text SR Storage"]),
+    ("ecg", lambda: _testdata("waveform_ecg.dcm"), NotApplicable, ["ECG"]),
+    ("dicomdir", lambda: _testdata("DICOMDIR"), NotApplicable, ["DICOMDIR"]),
+    ("bad-vr-number-of-frames", lambda: _testdata("badVR.dcm"), DicomError, ["(0028,0008) Number of Frames"]),
+]
+
+
+@pytest.mark.parametrize(("factory", "error", "needles"), [c[1:] for c in BAD_INPUTS],
+                         ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_rejected_with_a_named_reason(factory, error, needles):
+    with pytest.raises(error) as info:
+        parse(factory())
+    message = str(info.value)
+    assert message
+    for needle in needles:
+        assert needle in message
+    assert SECRET not in message and "ZZSENTINEL" not in message
+    assert isinstance(info.value, InputError | NotApplicable)
+
+
+def test_limits_are_checked_before_allocating():
+    ds = make_dataset(pixels=np.zeros((1, 16, 16), np.uint16))
+    ds.Rows = ds.Columns = 65535
+    ds.NumberOfFrames = 1000
+    data = to_bytes(ds)
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitExceeded, match=r"max_pixels_per_frame") as info:
+            parse(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "(0028,0010) Rows" in str(info.value)
+    assert peak < 8 << 20  # nothing near 65535 x 65535 x 1000 x 2 bytes was allocated
+
+
+@pytest.mark.parametrize(
+    ("limits", "needle"),
+    [
+        (DicomLimits(max_bytes=1000), "max_bytes=1000"),
+        (DicomLimits(max_frames=2), "max_frames=2"),
+        (DicomLimits(max_decoded_bytes=3 * 64 * 2 - 1), "max_decoded_bytes"),
+    ],
+    ids=["bytes", "frames", "decoded-bytes"],
+)
+def test_each_limit_names_itself(limits, needle):
+    data = to_bytes(make_dataset(pixels=np.zeros((3, 8, 8), np.uint16), NumberOfFrames=3))
+    with pytest.raises(LimitExceeded, match=needle):
+        parse(data, limits)
+
+
+def test_deflate_bomb_is_bounded_before_pydicom_inflates_it():
+    ds = make_dataset(pixels=np.zeros((1024, 1024), np.uint16))
+    ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+    data = to_bytes(ds)
+    assert len(data) < 16 << 10
+    with pytest.raises(LimitExceeded, match="deflated"):
+        parse(data, DicomLimits(max_bytes=16 << 10, max_decoded_bytes=64 << 10))
+    assert parse(data).rows == 1024
+
+
+def test_patched_pixel_length_does_not_allocate_what_it_claims():
+    data = bytearray(to_bytes(make_dataset(rows=64, columns=64)))
+    at = data.index(b"\xe0\x7f\x10\x00OW")
+    data[at + 8 : at + 12] = struct.pack("<I", 0x7FFFFFF0)
+    tracemalloc.start()
+    try:
+        inst = parse(bytes(data))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert inst.decode_frame(0).shape == (64, 64)
+    assert peak < 8 << 20
+
+
+def test_repr_and_errors_carry_no_patient_data():
+    inst = parse(to_bytes(make_dataset()))
+    assert SECRET not in repr(inst) and "ZZSENTINEL" not in repr(inst)
+    assert inst.sop_instance_uid in repr(inst)
+
+
+def test_decode_is_explicit_per_syntax_and_never_auto():
+    report = decoder_report()
+    assert set(report) == set(DECODER_PLUGINS)
+    assert all(entry["plugin"] for entry in report.values())
+    assert report[JPEGLSLossless]["plugin"] == "pyjpegls"
+    assert report[RLELossless]["plugin"] == "pylibjpeg"
+    assert report["1.2.840.10008.1.2.4.50"]["plugin"] == "pillow"
+    assert report["1.2.840.10008.1.2.4.51"]["plugin"] == "pylibjpeg"
+    assert report[ExplicitVRBigEndian]["plugin"] == NATIVE
+    for ts, entry in report.items():
+        assert entry["available"], (ts, entry["missing"])
+
+
+def test_missing_plugin_is_reported_in_pydicoms_words():
+    entry = dicom._plugin_status(JPEGLSLossless, "gdcm")  # gdcm is deliberately not installed
+    assert entry["available"] is False
+    assert entry["missing"].startswith("gdcm - requires")
+
+
+def test_corrupt_jpeg_ls_fails_loudly_naming_syntax_and_plugin():
+    ds = make_dataset(pixels=(np.arange(128 * 128, dtype=np.uint16) % 4096).reshape(128, 128))
+    ds.compress(JPEGLSLossless, encoding_plugin="pyjpegls")
+    data = bytearray(to_bytes(ds))
+    middle = len(data) - 2000
+    data[middle : middle + 64] = bytes(64)
+    inst = parse(bytes(data))
+    with pytest.raises(DicomError) as info:
+        inst.decode_frame(0)
+    assert "JPEG-LS Lossless" in str(info.value) and "pyjpegls" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["MR_small_bigendian.dcm", "MR_small_RLE.dcm", "MR_small_jpeg_ls_lossless.dcm",
+                                  "MR_small_jp2klossless.dcm", "MR_small_implicit.dcm"])
+def test_lossless_syntaxes_decode_to_the_same_values(name):
+    reference = parse(_testdata("MR_small.dcm")).decode_frame(0)
+    np.testing.assert_array_equal(parse(_testdata(name)).decode_frame(0), reference)
+
+
+def test_multiframe_decodes_frame_by_frame_from_many_threads():
+    inst = parse(_testdata("rtdose_rle.dcm"))
+    assert inst.number_of_frames == 15
+    whole = pydicom.dcmread(get_testdata_file("rtdose_rle.dcm")).pixel_array
+    with ThreadPoolExecutor(4) as pool:
+        frames = list(pool.map(inst.decode_frame, range(15)))
+    np.testing.assert_array_equal(np.stack(frames), whole)
+    with pytest.raises(IndexError):
+        inst.decode_frame(15)
+
+
+def test_one_bit_segmentation_and_palette_decode():
+    seg = parse(_testdata("liver_1frame.dcm"))
+    assert seg.bits_allocated == 1
+    assert set(np.unique(seg.decode_frame(0))) <= {0, 1}
+    palette = parse(_testdata("examples_palette.dcm"))
+    assert palette.photometric == "PALETTE COLOR" and palette.decode_frame(0).shape == (350, 800)
+
+
+def test_header_values_per_frame_and_voi_rules():
+    ds = make_dataset(pixels=np.zeros((2, 4, 4), np.uint16), NumberOfFrames=2, sop_class=EnhancedCTImageStorage)
+    groups = []
+    for intercept in (-1024, -1000):
+        item, pvt = Dataset(), Dataset()
+        pvt.RescaleSlope, pvt.RescaleIntercept, pvt.RescaleType = 1, intercept, "HU"
+        item.PixelValueTransformationSequence = [pvt]
+        groups.append(item)
+    ds.PerFrameFunctionalGroupsSequence = groups
+    shared, measures = Dataset(), Dataset()
+    measures.PixelSpacing = [0.5, 0.75]
+    shared.PixelMeasuresSequence = [measures]
+    ds.SharedFunctionalGroupsSequence = [shared]
+    inst = parse(to_bytes(ds))
+    assert (inst.rescale(0), inst.rescale(1)) == ((1.0, -1024.0), (1.0, -1000.0))
+    assert inst.pixel_spacing == (0.5, 0.75)
+    assert inst.voi_window(0) is None
+
+    usable = parse(to_bytes(make_dataset(WindowCenter=[-600, 40], WindowWidth=[1500, 400])))
+    assert usable.voi_window(0) == (-600.0, 1500.0)
+    zero = parse(to_bytes(make_dataset(WindowCenter=40, WindowWidth=0)))
+    assert zero.voi_window(0) is None
+
+
+def test_lossy_syntax_is_flagged():
+    assert parse(_testdata("SC_rgb_jpeg_dcmtk.dcm")).lossy
+    assert not parse(_testdata("CT_small.dcm")).lossy

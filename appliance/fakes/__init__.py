@@ -1,0 +1,4 @@
+"""Fakes for hardware and time boundaries, shipped in the package so tests and dry runs use them.
+
+- ``fake_pynvml.FakePynvml``: a scriptable stand-in for the ``pynvml`` module.
+"""

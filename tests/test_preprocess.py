@@ -1,0 +1,285 @@
+"""appliance.preprocess: a reference table per step, the model contract, config errors, synthetic CT."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydicom.data import get_testdata_file
+from pydicom.dataset import Dataset
+from pydicom.uid import JPEGLSNearLossless
+
+from appliance.dicom import parse
+from appliance.errors import ConfigError, NotApplicable
+from appliance.preprocess import (
+    STEPS,
+    _resize_area_into,
+    load_pipeline,
+    load_pipelines,
+    resize_area,
+    window_to_unit,
+)
+from dicom_testkit import (
+    CT_PIPELINE_TOML,
+    REPO,
+    any_grey_pipeline,
+    ct_pipeline,
+    make_dataset,
+    to_bytes,
+    write_manifest,
+    write_pipeline,
+)
+
+
+def _steps_toml(steps: list[tuple[str, dict[str, Any]]]) -> str:
+    lines = ['model = "m"', "[accept]", 'colour = "luminance"']
+    for name, params in steps:
+        lines += ["[[steps]]", f'name = "{name}"']
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in params.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _run_tiny(tmp_path: Path, steps: list[tuple[str, dict[str, Any]]], pixels: np.ndarray,
+              **tags: Any) -> np.ndarray:
+    """Run a contract-free pipeline with a (1, 2, 2) input on one tiny frame; return the 2 x 2 output."""
+    write_manifest(tmp_path / "models", name="m", shape=(1, 1, 2, 2), preprocess={})
+    pipeline = load_pipeline(write_pipeline(tmp_path, _steps_toml(steps)), tmp_path / "models")
+    inst = parse(to_bytes(make_dataset(pixels=pixels.astype(np.uint16), **tags)))
+    pipeline.check(inst)
+    out = np.full(pipeline.input_shape, np.nan, dtype=np.float32)
+    pipeline.run(inst, 0, out)
+    return out[0]
+
+
+def _lut_sequence() -> list[Dataset]:
+    item = Dataset()
+    item.add_new(0x00283002, "US", [4, 0, 16])  # LUT Descriptor: 4 entries, first stored value 0, 16 bits
+    item.add_new(0x00283006, "US", [10, 20, 30, 40])  # LUT Data
+    item.ModalityLUTType = "HU"
+    return [item]
+
+
+M = ("modality_lut", {})
+R = ("resize", {})
+
+
+def W(center: float, width: float, source: str = "pipeline") -> tuple[str, dict[str, Any]]:  # noqa: N802
+    return ("window", {"center": center, "width": width, "source": source})
+
+
+INV = ("invert_monochrome1", {})
+A = np.asarray
+
+# (id, steps, stored pixels, dataset tags, expected 2 x 2 output)
+REFERENCE = [
+    ("modality-lut-and-window", [M, W(0, 2000), R], A([[0, 1024], [2048, 4095]]),
+     {"RescaleSlope": 1, "RescaleIntercept": -1024}, [[0.0, 0.5], [1.0, 1.0]]),
+    ("rescale-slope-half", [M, W(0, 400), R], A([[0, 200], [400, 1000]]),
+     {"RescaleSlope": 0.5, "RescaleIntercept": -100}, [[0.25, 0.5], [0.75, 1.0]]),
+    ("no-modality-lut-step-ignores-rescale", [W(100, 200), R], A([[0, 50], [100, 200]]),
+     {"RescaleIntercept": -1024}, [[0.0, 0.25], [0.5, 1.0]]),
+    ("modality-lut-sequence", [M, W(25, 40), R], A([[0, 1], [2, 5]]),
+     {"ModalityLUTSequence": _lut_sequence()}, [[0.125, 0.375], [0.625, 0.875]]),
+    ("window-from-file-voi", [W(0, 2000, "file"), R], A([[0, 100], [150, 200]]),
+     {"WindowCenter": 100, "WindowWidth": 200}, [[0.0, 0.5], [0.75, 1.0]]),
+    ("window-file-width-0-falls-back", [W(1000, 2000, "file"), R], A([[0, 100], [150, 200]]),
+     {"WindowCenter": 100, "WindowWidth": 0}, [[0.0, 0.05], [0.075, 0.1]]),
+    ("invert-monochrome1", [W(100, 200), INV, R], A([[0, 50], [100, 200]]),
+     {"PhotometricInterpretation": "MONOCHROME1"}, [[1.0, 0.75], [0.5, 0.0]]),
+    ("invert-leaves-monochrome2", [W(100, 200), INV, R], A([[0, 50], [100, 200]]), {},
+     [[0.0, 0.25], [0.5, 1.0]]),
+    ("resize-area-4x4-to-2x2", [W(80, 160), R], A(np.arange(16).reshape(4, 4) * 10), {},
+     [[2.5 / 16, 4.5 / 16], [10.5 / 16, 12.5 / 16]]),
+    ("normalize-meanstd", [W(100, 200), R, ("normalize", {"kind": "meanstd", "mean": 0.5, "std": 0.25})],
+     A([[0, 50], [100, 200]]), {}, [[-2.0, -1.0], [0.0, 2.0]]),
+    ("normalize-none", [W(100, 200), R, ("normalize", {"kind": "none"})], A([[0, 50], [100, 200]]), {},
+     [[0.0, 0.25], [0.5, 1.0]]),
+]
+
+
+@pytest.mark.parametrize(("steps", "pixels", "tags", "expected"), [c[1:] for c in REFERENCE],
+                         ids=[c[0] for c in REFERENCE])
+def test_reference_table(tmp_path, steps, pixels, tags, expected):
+    out = _run_tiny(tmp_path, steps, pixels, **tags)
+    np.testing.assert_allclose(out, np.asarray(expected, dtype=np.float32), rtol=0, atol=1e-6)
+
+
+def test_every_registered_step_has_a_reference_row():
+    covered = {name for _, steps, *_ in REFERENCE for name, _ in steps}
+    assert covered == set(STEPS)
+
+
+def test_monochrome1_cr_comes_out_inverted(tmp_path):
+    # Like RG1_UNCI.dcm: a 12-bit MONOCHROME1 CR with a VOI window and no Presentation LUT Shape.
+    rng = np.random.default_rng(7)
+    stored = rng.integers(0, 4096, size=(128, 128)).astype(np.uint16)
+    tags = {"modality": "CR", "WindowCenter": 2000, "WindowWidth": 3000, "RescaleSlope": 1, "RescaleIntercept": 0}
+    pipeline = any_grey_pipeline(tmp_path)
+    outs = {}
+    for photometric in ("MONOCHROME1", "MONOCHROME2"):
+        inst = parse(to_bytes(make_dataset(pixels=stored, photometric=photometric, **tags)))
+        out = np.empty(pipeline.input_shape, np.float32)
+        pipeline.run(inst, 0, out)
+        outs[photometric] = out
+    np.testing.assert_allclose(outs["MONOCHROME1"], 1.0 - outs["MONOCHROME2"], rtol=0, atol=1e-6)
+    assert 0.0 <= outs["MONOCHROME1"].min() and outs["MONOCHROME1"].max() <= 1.0
+
+
+@pytest.mark.parametrize(("src", "dst"), [((512, 512), (256, 256)), ((384, 384), (256, 256)),
+                                          ((256, 256), (256, 256)), ((100, 60), (64, 64))])
+def test_resize_into_slot_is_bit_identical_to_resize_area(src, dst):
+    image = np.random.default_rng(0).random(src, dtype=np.float32)
+    out = np.empty(dst, np.float32)
+    _resize_area_into(image, out)
+    np.testing.assert_array_equal(out, resize_area(image, dst))
+
+
+@pytest.mark.parametrize("size", [512, 384])
+def test_ct_pipeline_matches_the_training_contract_exactly(tmp_path, size):
+    rng = np.random.default_rng(size)
+    stored = rng.integers(0, 4096, size=(size, size)).astype(np.uint16)
+    inst = parse(to_bytes(make_dataset(pixels=stored, RescaleSlope=1, RescaleIntercept=-1024,
+                                       PixelSpacing=[0.7, 0.7])))
+    pipeline = ct_pipeline(tmp_path)
+    pipeline.check(inst)
+    out = np.empty(pipeline.input_shape, np.float32)
+    info = pipeline.run(inst, 0, out)
+    hu = stored * 1.0 + -1024.0
+    expected = resize_area(window_to_unit(hu, -600.0, 1500.0), (256, 256))
+    np.testing.assert_array_equal(out[0], expected)
+    assert info.original_shape == (size, size)
+    assert info.pixel_spacing == (0.7, 0.7)
+    assert info.scale_to_original == (size / 256, size / 256)
+    assert info.to_original(0, 0) == pytest.approx((0.5 * size / 256 - 0.5,) * 2)
+
+
+def test_run_refuses_a_wrong_slot(tmp_path):
+    pipeline = ct_pipeline(tmp_path)
+    inst = parse(to_bytes(make_dataset()))
+    with pytest.raises(ValueError, match="float32"):
+        pipeline.run(inst, 0, np.empty((1, 128, 128), np.float32))
+
+
+def _ct_rgb() -> bytes:
+    ds = make_dataset(pixels=np.zeros((4, 4, 3), np.uint8), bits_stored=8)
+    ds.Rows, ds.Columns, ds.SamplesPerPixel, ds.PlanarConfiguration = 4, 4, 3, 0
+    ds.PhotometricInterpretation = "RGB"
+    return to_bytes(ds)
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (lambda: Path(get_testdata_file("MR_small.dcm")).read_bytes(), "(0008,0016) SOP Class UID"),
+        (lambda: to_bytes(make_dataset(modality="MR")), "(0008,0060) Modality"),
+        (_ct_rgb, "(0028,0004) Photometric Interpretation"),
+    ],
+    ids=["mr-sop-class", "ct-class-but-mr-modality", "colour-ct"],
+)
+def test_ct_pipeline_check_names_the_tag(tmp_path, data, needle):
+    with pytest.raises(NotApplicable, match=r"\(") as info:
+        ct_pipeline(tmp_path).check(parse(data()))
+    assert needle in str(info.value)
+
+
+def test_ct_pipeline_accepts_ct(tmp_path):
+    ct_pipeline(tmp_path).check(parse(Path(get_testdata_file("CT_small.dcm")).read_bytes()))
+
+
+BASE = CT_PIPELINE_TOML.read_text(encoding="utf-8")
+
+# (id, replace this, with this, substrings of the ConfigError message)
+CONFIG_ERRORS = [
+    ("unknown-top-key", 'format_version = 1', 'format_version = 1\nwindow = 3', ["unknown key 'window'"]),
+    ("unknown-step", 'name = "invert_monochrome1"', 'name = "blur"', ["steps[2].name", "'blur'"]),
+    ("unknown-param", "width = 1500.0", "width = 1500.0\ncentre = 1.0", ["(window)", "unknown key 'centre'"]),
+    ("wrong-type", "width = 1500.0", 'width = "wide"', ["(window).width"]),
+    ("missing-param", "center = -600.0", "", ["(window)", "missing key 'center'"]),
+    ("width-below-1", "width = 1500.0", "width = 0.5", ["(window).width"]),
+    ("bad-source", 'source = "pipeline"', 'source = "header"', ["(window).source"]),
+    ("resize-method", 'method = "area"', 'method = "bicubic"', ["(resize).method"]),
+    ("normalize-kind", 'kind = "none"', 'kind = "zscore"', ["(normalize).kind"]),
+    ("order", 'name = "modality_lut"', 'name = "normalize"', ["steps[1].name", "after"]),
+    ("accept-unknown-key", 'colour = "reject"', 'colour = "reject"\nbody_parts = ["CHEST"]',
+     ["[accept]", "unknown key 'body_parts'"]),
+    ("accept-colour", 'colour = "reject"', 'colour = "keep"', ["[accept].colour"]),
+    ("sop-class-keyword", '"CTImageStorage",', '"CTImageStorag",', ["sop_classes", "'CTImageStorag'"]),
+    ("model-missing", 'model = "ct-nodule"', 'model = "nope"', ["model = 'nope'"]),
+    ("bad-toml", "[accept]", "[accept", ["cannot read TOML"]),
+    # contradictions with the model's [input.preprocess] contract
+    ("contract-center", "center = -600.0", "center = -500.0", ["window_center", "-600"]),
+    ("contract-width", "width = 1500.0", "width = 1400.0", ["window_width"]),
+    ("contract-file-voi", 'source = "pipeline"', 'source = "file"', ["'file' contradicts"]),
+    ("contract-normalize", 'kind = "none"', 'kind = "meanstd"\nmean = 0.5\nstd = 0.25', ["window_unit"]),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "needles"), [c[1:] for c in CONFIG_ERRORS],
+                         ids=[c[0] for c in CONFIG_ERRORS])
+def test_config_errors_name_file_and_key(tmp_path, old, new, needles):
+    assert old in BASE
+    write_manifest(tmp_path / "models")
+    path = write_pipeline(tmp_path, BASE.replace(old, new, 1), name="ct-nodule")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(path, tmp_path / "models")
+    message = str(info.value)
+    assert str(path) in message
+    for needle in needles:
+        assert needle in message
+
+
+@pytest.mark.parametrize("step", ["modality_lut", "invert_monochrome1", "resize"])
+def test_pipeline_missing_a_contract_step_is_refused(tmp_path, step):
+    write_manifest(tmp_path / "models")
+    text = re.sub(rf'\[\[steps\]\]\nname = "{step}".*?(\n\n|\Z)', "", BASE, count=1, flags=re.S)
+    assert text != BASE
+    with pytest.raises(ConfigError, match=step):
+        load_pipeline(write_pipeline(tmp_path, text, name="ct-nodule"), tmp_path / "models")
+
+
+def test_load_pipelines_by_name_and_refuses_duplicates(tmp_path):
+    write_manifest(tmp_path / "models")
+    pipelines = load_pipelines(REPO / "pipelines", tmp_path / "models")
+    assert "ct-nodule" in pipelines
+    assert pipelines["ct-nodule"].input_shape == (1, 256, 256)
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    shutil.copy(CT_PIPELINE_TOML, folder / "a.toml")
+    shutil.copy(CT_PIPELINE_TOML, folder / "b.toml")
+    with pytest.raises(ConfigError, match="already used"):
+        load_pipelines(folder, tmp_path / "models")
+
+
+def test_repository_pipelines_load_against_the_real_models_when_present():
+    models = REPO / "models"
+    if not (models / "ct-nodule" / "model.toml").is_file():
+        pytest.skip("models/ct-nodule/model.toml not built yet")
+    pipelines = load_pipelines(REPO / "pipelines", models)
+    assert pipelines["ct-nodule"].model == "ct-nodule"
+
+
+# ------------------------------------------------------------------------------------------------------
+# appliance.synthetic: every transfer syntax it writes decodes and matches its model_input
+
+synthetic = pytest.importorskip("appliance.synthetic", reason="appliance/synthetic.py not written yet")
+
+
+def test_synthetic_every_transfer_syntax_matches_model_input(tmp_path):
+    pipeline = ct_pipeline(tmp_path)
+    truth = synthetic.generate_slice(11, nodule=True, size=512)
+    params = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}
+    expected = synthetic.model_input(truth, params)
+    assert set(synthetic.TRANSFER_SYNTAXES) >= {"1.2.840.10008.1.2.5", "1.2.840.10008.1.2.4.90"}
+    for ts in synthetic.TRANSFER_SYNTAXES:
+        inst = parse(synthetic.to_dicom(truth, transfer_syntax=ts))
+        assert inst.transfer_syntax_uid == ts
+        pipeline.check(inst)
+        out = np.empty(pipeline.input_shape, np.float32)
+        pipeline.run(inst, 0, out)
+        # JPEG-LS near-lossless (NEAR=2) may move each stored value by 2 HU: 2/1500 after the window.
+        atol = 2.0 / 1500.0 + 1e-6 if ts == JPEGLSNearLossless else 1e-6
+        np.testing.assert_allclose(out, expected, rtol=0, atol=atol, err_msg=ts)

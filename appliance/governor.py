@@ -97,7 +97,7 @@ class ThermalConfig:
     plausible_min_c: float = 5.0
     # Upper end of the plausible range, °C.
     plausible_max_c: float = 110.0
-    # A reading that moves faster than this from the last good one is implausible, °C/s.
+    # A reading that moves more than this × period_s from the last good one is implausible, °C/s.
     max_jump_c_per_s: float = 10.0
     # Stuck path 1: a change of the short mean power this large without any reading change, W.
     stuck_power_delta_w: float = 150.0
@@ -211,6 +211,7 @@ class Governor:
         self._probe_power: float | None = None
         self._probe_ref_power: float | None = None
         self._hot_since: float | None = None
+        self._jump_run: list[float] = []
         self.sensor_errors = 0
         """Samples rejected so far (missing, implausible or stuck)."""
         self.last_decision = Decision(0.0, 1.0, None, GovernorState.COOL, "start", None, None, None)
@@ -304,10 +305,16 @@ class Governor:
             return None, error or "read_error"
         if not math.isfinite(temp_c) or not c.plausible_min_c <= temp_c <= c.plausible_max_c:
             return None, "implausible value"
-        if self._last_good_temp is not None and self._last_good_t is not None:
-            elapsed = max(now_s - self._last_good_t, c.period_s)
-            if abs(temp_c - self._last_good_temp) > c.max_jump_c_per_s * elapsed:
+        if self._last_good_temp is not None and abs(temp_c - self._last_good_temp) > c.max_jump_c_per_s * c.period_s:
+            # A jump is believed only once recover_samples readings in a row agree with each other
+            # (after a long outage the die may really have moved); until then it is an error.
+            prev = self._jump_run[-1] if self._jump_run else None
+            if prev is None or abs(temp_c - prev) > c.max_jump_c_per_s * c.period_s:
+                self._jump_run = []
+            self._jump_run.append(float(temp_c))
+            if len(self._jump_run) < c.recover_samples:
                 return None, "implausible jump"
+        self._jump_run = []
         return float(temp_c), ""
 
     def _short_mean_power(self, now_s: float, span_s: float = 8.0) -> float:

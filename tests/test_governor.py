@@ -1,0 +1,171 @@
+"""Unit tests of the pure governor with scripted samples (notes thermal.md §9)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from appliance.governor import Governor, GovernorState, ThermalConfig
+
+
+def drive(gov: Governor, temps: list[float | None], t0: float = 0.0, power: float | None = 400.0,
+          busy: float | None = 1.0, error: str | None = None) -> list[float]:
+    """Feed one sample per second; return the duties."""
+    return [gov.update(t0 + i, t, power, busy, error=error) for i, t in enumerate(temps)]
+
+
+def test_defaults_and_signature() -> None:
+    gov = Governor(ThermalConfig())
+    assert gov.config.limit_c == 75.0 and gov.config.setpoint_c < 75.0
+    duty = gov.update(0.0, 50.0, power_w=None, busy=None)
+    assert duty == 1.0 and gov.state is GovernorState.COOL
+    assert gov.last_decision.duty == duty and gov.last_decision.state is gov.state
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("setpoint_c", 76.0), ("min_duty", -0.1), ("blind_duty", 1.5), ("ti_s", 0.0), ("p_idle_w", 600.0),
+    ("guard_c", 71.0), ("recover_samples", 0), ("kp_hot_w_per_c", float("nan")),
+])
+def test_config_validation_names_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        ThermalConfig(**{field: value})
+
+
+def test_duty_in_range_and_hotter_never_raises_duty() -> None:
+    rng = random.Random(3)
+    cfg = ThermalConfig()
+    for _ in range(200):
+        gov = Governor(cfg)
+        drive(gov, [rng.uniform(60, 74) for _ in range(rng.randint(1, 40))], power=rng.uniform(100, 575),
+              busy=rng.uniform(0, 1))
+        state = gov.state
+        t = rng.uniform(60, 76)
+        a, b = copy.deepcopy(gov), copy.deepcopy(gov)
+        da = a.update(100.0, t, 400.0, 1.0)
+        db = b.update(100.0, t + rng.uniform(0.5, 3), 400.0, 1.0)
+        assert cfg.min_duty <= da <= 1.0 and cfg.min_duty <= db <= 1.0
+        if a.state == b.state and state not in (GovernorState.HOLDING, GovernorState.BLIND):
+            assert db <= da + 1e-12
+
+
+def test_bumpless_start_at_measured_power() -> None:
+    gov = Governor()
+    duty = gov.update(0.0, 70.0, 400.0, 1.0)
+    # budget = measured power at activation (+ one integration step)
+    assert gov.last_decision.budget_w == pytest.approx(400.0, abs=5.0)
+    assert 0.6 < duty < 0.75
+
+
+def test_integrator_frozen_during_idle() -> None:
+    gov = Governor()
+    drive(gov, [73.0] * 120, power=450.0, busy=0.9)  # hot: integrator learns a lower budget
+    learned = gov.integral_w
+    assert learned is not None
+    # 10 min idle: cool reading, tiny busy
+    drive(gov, [45.0] * 300 + [62.0] * 300, t0=200, power=40.0, busy=0.02)
+    assert gov.integral_w == pytest.approx(learned, abs=1e-9)
+    first = gov.update(900.0, 72.0, 40.0, 0.02)
+    assert gov.last_decision.budget_w == pytest.approx(learned, abs=1.0)
+    assert first < 1.0
+
+
+def test_demand_limited_does_not_wind_up() -> None:
+    gov = Governor()
+    drive(gov, [68.0] * 600, power=150.0, busy=0.2)  # cool but demand-limited
+    assert gov.integral_w is not None and gov.integral_w < 400.0
+
+
+def test_error_hold_blind_recover() -> None:
+    cfg = ThermalConfig()
+    gov = Governor(cfg)
+    drive(gov, [72.0] * 30)
+    held = gov.duty
+    duties = drive(gov, [None] * 6, t0=30)
+    assert duties[:3] == [held] * 3 and gov.state is GovernorState.BLIND
+    assert duties[-1] == cfg.blind_duty
+    duties = drive(gov, [72.0] * 6, t0=36)
+    assert duties[:cfg.recover_samples - 1] == [cfg.blind_duty] * (cfg.recover_samples - 1)
+    assert gov.state in (GovernorState.THROTTLING, GovernorState.REGULATING)
+
+
+@pytest.mark.parametrize("garbage", [-1.0, 0.0, 127.0, 255.0, float("nan"), 87.0])
+def test_implausible_values_are_errors(garbage: float) -> None:
+    gov = Governor()
+    drive(gov, [72.0] * 10)
+    before = gov.sensor_errors
+    gov.update(10.0, garbage, 400.0, 1.0)
+    assert gov.sensor_errors == before + 1 and gov.state is GovernorState.HOLDING
+    drive(gov, [garbage] * 4, t0=11)
+    assert gov.state is GovernorState.BLIND
+
+
+@pytest.mark.parametrize("kind", ["lost", "reset_required"])
+def test_lost_stops_at_once_and_for_good(kind: str) -> None:
+    gov = Governor()
+    drive(gov, [72.0] * 10)
+    assert gov.update(10.0, None, error=kind) == 0.0
+    assert gov.state is GovernorState.STOPPED
+    assert drive(gov, [60.0] * 5, t0=11) == [0.0] * 5 and gov.state is GovernorState.STOPPED
+
+
+def test_stuck_when_power_moves_and_reading_does_not() -> None:
+    gov = Governor()
+    drive(gov, [50.0] * 30, power=40.0, busy=0.05)  # idle, cool
+    states = []
+    for i in range(20):
+        gov.update(30.0 + i, 50.0, 560.0, 1.0)
+        states.append(gov.state)
+    assert GovernorState.BLIND in states
+    assert gov.duty == gov.config.blind_duty
+    # recovers only after the value moves and recover_samples good samples
+    drive(gov, [55.0, 56.0, 57.0, 58.0, 59.0, 60.0], t0=60, power=560.0)
+    assert gov.state is not GovernorState.BLIND
+
+
+def test_stuck_probe_and_no_false_trigger() -> None:
+    gov = Governor()
+    # 30 min constant reading at constant power, demand-limited (probe can't cut power): no trigger
+    drive(gov, [72.0] * 1800, power=300.0, busy=0.3)
+    assert GovernorState.BLIND not in {gov.state}
+    # frozen reading while the probe cuts power: power follows duty, reading doesn't -> stuck
+    gov = Governor(ThermalConfig(probe_after_s=60.0))
+    states = []
+    for i in range(200):
+        duty = gov.duty
+        states.append(gov.state)
+        gov.update(float(i), 72.0, 30.0 + 545.0 * duty, duty)
+    assert GovernorState.BLIND in states
+
+
+def test_probe_cost_is_small_with_a_live_sensor() -> None:
+    gov = Governor()
+    duties = []
+    for i in range(1800):  # constant reading, full demand: probes every 180 s, reading answers
+        t = 72.0 if gov.last_decision.reason != "stuck probe" else 71.0
+        duties.append(gov.update(float(i), t, 30.0 + 545 * gov.duty, gov.duty))
+    assert GovernorState.BLIND not in {gov.state}
+    base = max(duties)
+    assert sum(base - d for d in duties) / len(duties) <= 0.02
+
+
+def test_emergency_pause() -> None:
+    gov = Governor()
+    drive(gov, [70.0, 71.0, 72.0, 73.0, 74.0] + [77.0] * 60, power=400.0, busy=1.0)
+    assert gov.state is GovernorState.EMERGENCY and gov.duty == 0.0
+    drive(gov, [76.0, 74.0, 72.0], t0=100)
+    assert gov.state is not GovernorState.EMERGENCY
+
+
+def test_guard_caps_budget() -> None:
+    gov = Governor()
+    drive(gov, [70.0] * 10, power=400.0)
+    gov.update(10.0, 74.0, 400.0, 1.0)
+    assert gov.last_decision.budget_w is not None and gov.last_decision.budget_w <= 0.93 * 400.0 + 1e-9
+
+
+def test_without_power_uses_nameplate_model() -> None:
+    gov = Governor()
+    duties = drive(gov, [73.0] * 60, power=None, busy=None)
+    assert all(0.05 <= d <= 1.0 for d in duties) and duties[-1] < duties[0]

@@ -14,10 +14,11 @@ network bytes and the preprocessing pipelines:
   :class:`~appliance.errors.NotApplicable` (FAILED_PRECONDITION, a valid object that is not an image) whose
   message names the tag, transfer syntax or limit, and never carries patient data.
 
-Threading: :func:`parse` serialises the pydicom read itself behind a module lock, because capturing
-pydicom's warnings (which may quote element values, so must never reach a log) needs the process-global
-``warnings`` state. :meth:`DicomInstance.decode_frame` touches only values copied out at parse time and is
-safe to call from many worker threads at once.
+Threading: :func:`parse` holds a module lock while pydicom reads and while the header values are copied
+out, because capturing pydicom's warnings (which may quote element values, so must never reach a log) needs
+the process-global ``warnings`` state. Elements that :func:`parse` does not need (patient module and the
+like) stay unconverted, so their values never reach a warning here. :meth:`DicomInstance.decode_frame`
+touches only values copied out at parse time and is safe to call from many worker threads at once.
 """
 
 from __future__ import annotations
@@ -344,8 +345,6 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
         _check_deflate(data[fp.tell():], limits)
     try:
         ds = pydicom.dcmread(io.BytesIO(data), force=False)
-        for _ in ds:  # convert every top-level element now, while warnings are captured
-            pass
     except InvalidDicomError as e:
         raise DicomError(f"not a valid DICOM file: {_first_line(e)}") from e
     except Exception as e:  # noqa: BLE001 - pydicom raises many types on malformed input
@@ -721,6 +720,8 @@ def _pixel_spacing(ds: Dataset) -> tuple[float, float] | None:
 
 def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
     ts, sop_class, sop_instance = _identify(ds)
+    for tag in [t for t in ds.keys() if t.group == 0x0028]:
+        ds[tag]  # convert the image pixel group (palettes, LUTs) now, under the lock, warnings captured
     keyword = next(kw for kw in _PIXEL_KEYWORDS if kw in ds)
     pm = _pixel_module(ds, keyword)
     _check_limits(pm, limits)

@@ -166,7 +166,8 @@ class DicomInstance:
         return (
             f"DicomInstance(sop_instance_uid={self.sop_instance_uid!r}, sop_class={self.sop_class_uid!r}, "
             f"ts={self.transfer_syntax_uid!r}, modality={self.modality!r}, frames={self.number_of_frames}, "
-            f"shape=({self.rows}, {self.columns}, {self.samples_per_pixel}), photometric={self.photometric!r}, "
+            f"shape=({self.rows}, {self.columns}, {self.samples_per_pixel}), "
+            f"photometric={self.photometric!r}, "
             f"bits={self.bits_stored}/{self.bits_allocated})"
         )
 
@@ -294,7 +295,10 @@ def _plugin_status(ts: str, plugin: str) -> dict[str, Any]:
 # parse
 
 
-def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = DicomLimits()) -> DicomInstance:  # noqa: B008
+_DEFAULT_LIMITS = DicomLimits()
+
+
+def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = _DEFAULT_LIMITS) -> DicomInstance:
     """Parse and validate a DICOM Part 10 file held in memory; decode nothing.
 
     Args:
@@ -527,8 +531,8 @@ def _check_limits(pm: _PixelModule, limits: DicomLimits) -> None:
     decoded = pixels * pm.samples * pm.bytes_per_sample * pm.frames
     if decoded > limits.max_decoded_bytes:
         raise LimitExceeded(
-            f"decoded pixel data would be {decoded} bytes ({pm.frames} frame(s) of {pm.rows} x {pm.columns} x "
-            f"{pm.samples} x {pm.bytes_per_sample} bytes), over the limit "
+            f"decoded pixel data would be {decoded} bytes ({pm.frames} frame(s) of "
+            f"{pm.rows} x {pm.columns} x {pm.samples} x {pm.bytes_per_sample} bytes), over the limit "
             f"max_decoded_bytes={limits.max_decoded_bytes}",
             field="dicom.PixelData",
         )
@@ -553,9 +557,9 @@ def _native_pixels(pixels: bytes, pm: _PixelModule) -> memoryview:
     label = tag_name(pm.keyword)
     if len(pixels) < expected:
         raise DicomError(
-            f"{label} is {len(pixels)} bytes, expected {expected} for {pm.frames} frame(s) of {pm.rows} x "
-            f"{pm.columns} x {pm.samples} at {tag_name('BitsAllocated')} = {pm.bits_allocated} (truncated, or "
-            f"{tag_name('NumberOfFrames')} too large)",
+            f"{label} is {len(pixels)} bytes, expected {expected} for {pm.frames} frame(s) of "
+            f"{pm.rows} x {pm.columns} x {pm.samples} at {tag_name('BitsAllocated')} = {pm.bits_allocated} "
+            f"(truncated, or {tag_name('NumberOfFrames')} too large)",
             field=f"dicom.{pm.keyword}",
         )
     if per_frame and len(pixels) - expected >= per_frame:
@@ -709,8 +713,10 @@ def _pixel_spacing(ds: Dataset) -> tuple[float, float] | None:
     if spacing is None:
         item = _functional_item(ds, 0, "PixelMeasuresSequence")
         spacing = item.get("PixelSpacing") if item is not None else None
+    if not isinstance(spacing, Sequence) or isinstance(spacing, str | bytes) or len(spacing) != 2:
+        return None
     try:
-        row, col = (float(v) for v in spacing)  # type: ignore[union-attr]
+        row, col = float(spacing[0]), float(spacing[1])
     except (TypeError, ValueError):
         return None
     if not (math.isfinite(row) and math.isfinite(col) and row > 0 and col > 0):

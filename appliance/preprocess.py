@@ -8,7 +8,7 @@ A :class:`Pipeline` (``pipelines/<name>.toml``) turns one frame of a validated
 :class:`~appliance.dicom.DicomInstance` into one float32 batch slot. Its steps come from a small registry
 (:data:`STEPS`) and always run in this order, each at most once::
 
-    modality_lut        stored -> modality units (Rescale Slope/Intercept, per frame; or the Modality LUT Sequence)
+    modality_lut        stored -> modality units (Rescale Slope/Intercept per frame, or the Modality LUT Seq.)
     window              the pipeline's fixed window (center/width, modality units) or the file's VOI -> [0, 1]
     invert_monochrome1  1 - x for MONOCHROME1 (pydicom's presentation LUT does not do it; notes/dicom.md §5)
     resize              area resize to the model's H x W, written straight into the batch slot
@@ -342,7 +342,8 @@ class Pipeline:
     def __repr__(self) -> str:
         """Return the name, model, shape and step names."""
         steps = ", ".join(s.name for s in self.steps)
-        return f"Pipeline({self.name!r}, model={self.model!r}, input_shape={self.input_shape}, steps=[{steps}])"
+        return (f"Pipeline({self.name!r}, model={self.model!r}, input_shape={self.input_shape}, "
+                f"steps=[{steps}])")
 
     def check(self, inst: DicomInstance) -> None:
         """Raise :class:`NotApplicable` (naming the tag) unless this pipeline can use ``inst``.
@@ -351,9 +352,10 @@ class Pipeline:
         """
         acc = self.accept
         if acc.sop_classes is not None and inst.sop_class_uid not in acc.sop_classes:
+            accepted = ", ".join(sorted(_uid.UID(u).name for u in acc.sop_classes))
             raise NotApplicable(
-                f"{tag_name('SOPClassUID')} '{_uid.UID(inst.sop_class_uid).name}' is not accepted by pipeline "
-                f"{self.name!r} (accepts {', '.join(sorted(_uid.UID(u).name for u in acc.sop_classes))})"
+                f"{tag_name('SOPClassUID')} '{_uid.UID(inst.sop_class_uid).name}' is not accepted by "
+                f"pipeline {self.name!r} (accepts {accepted})"
             )
         if acc.modalities is not None and inst.modality not in acc.modalities:
             raise NotApplicable(
@@ -487,7 +489,8 @@ def _load_step(raw: Any, where: str) -> Step:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {known})")
         types = spec.params[key][0]
         if isinstance(value, bool) or not isinstance(value, types):
-            raise ConfigError(f"{where}.{key}: must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+            wanted = " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"{where}.{key}: must be {wanted}, got {value!r}")
         params[key] = float(value) if types is _NUM else value
     for key, (_types, default) in spec.params.items():
         if key not in params:
@@ -536,7 +539,9 @@ def _check_contract(steps: tuple[Step, ...], manifest: Manifest, where: str) -> 
         need("modality_lut", "windows in modality units")
         win = need("window", "has a fixed window")
         if win["source"] != "pipeline":
-            raise ConfigError(f"{where}: steps (window).source: 'file' contradicts the fixed window of {model}")
+            raise ConfigError(
+                f"{where}: steps (window).source: 'file' contradicts the fixed window of {model}"
+            )
         for key, mkey in (("center", "window_center"), ("width", "window_width")):
             if not _close(win[key], pre.get(mkey)):
                 raise ConfigError(
@@ -569,7 +574,9 @@ def _check_normalize_contract(norm: Mapping[str, Any] | None, pre: Mapping[str, 
         if norm is None or kind != "meanstd" or not (
             _close(norm["mean"], pre.get("mean")) and _close(norm["std"], pre.get("std"))
         ):
-            raise ConfigError(f"{where}: steps (normalize) must be kind 'meanstd' with the mean/std of {model}")
+            raise ConfigError(
+                f"{where}: steps (normalize) must be kind 'meanstd' with the mean/std of {model}"
+            )
         return
     raise ConfigError(f"{where}: {model} normalize = {wanted!r} is not supported by any step")
 

@@ -118,8 +118,9 @@ def write_pipeline(tmp_path: Path, text: str, name: str = "p") -> Path:
     return path
 
 
-def make_dataset(pixels: np.ndarray | None = None, *, rows: int = 4, columns: int = 4, frames: int | None = None,
-                 photometric: str = "MONOCHROME2", modality: str = "CT", sop_class: str = CTImageStorage,
+def make_dataset(pixels: np.ndarray | None = None, *, rows: int = 4, columns: int = 4,
+                 frames: int | None = None, photometric: str = "MONOCHROME2", modality: str = "CT",
+                 sop_class: str = CTImageStorage,
                  bits_stored: int = 12, **tags: Any) -> Dataset:
     """Return a small native image dataset (uint16 unless ``pixels`` says otherwise) with file meta."""
     if pixels is None:

@@ -102,8 +102,8 @@ BAD_INPUTS = [
     ("empty", lambda: b"", DicomError, ["0 bytes"]),
     ("random-bytes", lambda: np.random.default_rng(0).bytes(4096), DicomError, ["DICM"]),
     ("png", _png, DicomError, ["DICM"]),
-    ("preamble-then-random", lambda: b"\x00" * 128 + b"DICM" + np.random.default_rng(1).bytes(512), DicomError,
-     []),
+    ("preamble-then-random", lambda: b"\x00" * 128 + b"DICM" + np.random.default_rng(1).bytes(512),
+     DicomError, []),
     ("header-truncated-300", lambda: to_bytes(make_dataset())[:300], DicomError, []),
     ("no-transfer-syntax", _no_transfer_syntax, DicomError, ["(0002,0010) Transfer Syntax UID"]),
     ("unsupported-syntax", _unsupported_syntax, UnsupportedTransferSyntax, ["1.2.840.10008.1.2.4.100"]),
@@ -121,15 +121,18 @@ BAD_INPUTS = [
      ["(0028,0004) Photometric Interpretation"]),
     ("frames-0", lambda: _with(NumberOfFrames=0), DicomError, ["(0028,0008) Number of Frames"]),
     ("frames-extra-data", _extra_frames, DicomError, ["(0028,0008) Number of Frames", "holds 2 frames"]),
-    ("frames-too-many", _missing_frames, DicomError, ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
+    ("frames-too-many", _missing_frames, DicomError,
+     ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
     ("rle-fragments-vs-frames", _rle_fragments_mismatch, DicomError, ["(0028,0008) Number of Frames"]),
     ("compressed-syntax-native-pixels", _not_encapsulated, DicomError, ["not encapsulated"]),
     ("sop-class-missing", lambda: _without("SOPClassUID"), DicomError, ["(0008,0016) SOP Class UID"]),
-    ("sop-instance-missing", lambda: _without("SOPInstanceUID"), DicomError, ["(0008,0018) SOP Instance UID"]),
+    ("sop-instance-missing", lambda: _without("SOPInstanceUID"), DicomError,
+     ["(0008,0018) SOP Instance UID"]),
     ("ct-without-pixels", lambda: _without("PixelData"), DicomError, ["(7FE0,0010) Pixel Data", "CT Image"]),
     ("rescale-slope-0", lambda: _with(RescaleSlope=0, RescaleIntercept=0), DicomError,
      ["(0028,1053) Rescale Slope"]),
-    ("rt-plan", lambda: _testdata("rtplan.dcm"), NotApplicable, ["RT Plan Storage", "(7FE0,0010) Pixel Data"]),
+    ("rt-plan", lambda: _testdata("rtplan.dcm"), NotApplicable,
+     ["RT Plan Storage", "(7FE0,0010) Pixel Data"]),
     ("sr", lambda: _testdata("reportsi.dcm"), NotApplicable, ["Basic Text SR Storage"]),
     ("ecg", lambda: _testdata("waveform_ecg.dcm"), NotApplicable, ["ECG"]),
     ("dicomdir", lambda: _testdata("DICOMDIR"), NotApplicable, ["DICOMDIR"]),
@@ -242,8 +245,9 @@ def test_corrupt_jpeg_ls_fails_loudly_naming_syntax_and_plugin():
     assert "JPEG-LS Lossless" in str(info.value) and "pyjpegls" in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["MR_small_bigendian.dcm", "MR_small_RLE.dcm", "MR_small_jpeg_ls_lossless.dcm",
-                                  "MR_small_jp2klossless.dcm", "MR_small_implicit.dcm"])
+@pytest.mark.parametrize("name", ["MR_small_bigendian.dcm", "MR_small_RLE.dcm",
+                                  "MR_small_jpeg_ls_lossless.dcm", "MR_small_jp2klossless.dcm",
+                                  "MR_small_implicit.dcm"])
 def test_lossless_syntaxes_decode_to_the_same_values(name):
     reference = parse(_testdata("MR_small.dcm")).decode_frame(0)
     np.testing.assert_array_equal(parse(_testdata(name)).decode_frame(0), reference)
@@ -269,7 +273,8 @@ def test_one_bit_segmentation_and_palette_decode():
 
 
 def test_header_values_per_frame_and_voi_rules():
-    ds = make_dataset(pixels=np.zeros((2, 4, 4), np.uint16), NumberOfFrames=2, sop_class=EnhancedCTImageStorage)
+    ds = make_dataset(pixels=np.zeros((2, 4, 4), np.uint16), NumberOfFrames=2,
+                      sop_class=EnhancedCTImageStorage)
     groups = []
     for intercept in (-1024, -1000):
         item, pvt = Dataset(), Dataset()
@@ -295,3 +300,14 @@ def test_header_values_per_frame_and_voi_rules():
 def test_lossy_syntax_is_flagged():
     assert parse(_testdata("SC_rgb_jpeg_dcmtk.dcm")).lossy
     assert not parse(_testdata("CT_small.dcm")).lossy
+
+
+def test_parse_from_many_threads_leaves_warning_filters_alone():
+    import warnings
+
+    before = list(warnings.filters)
+    data = _testdata("SC_rgb_jpeg.dcm")  # pydicom warns while reading it (explicit VR that is implicit)
+    with ThreadPoolExecutor(4) as pool:
+        uids = set(pool.map(lambda _: parse(data).sop_instance_uid, range(16)))
+    assert len(uids) == 1
+    assert warnings.filters == before

@@ -117,7 +117,8 @@ def test_monochrome1_cr_comes_out_inverted(tmp_path):
     # Like RG1_UNCI.dcm: a 12-bit MONOCHROME1 CR with a VOI window and no Presentation LUT Shape.
     rng = np.random.default_rng(7)
     stored = rng.integers(0, 4096, size=(128, 128)).astype(np.uint16)
-    tags = {"modality": "CR", "WindowCenter": 2000, "WindowWidth": 3000, "RescaleSlope": 1, "RescaleIntercept": 0}
+    tags = {"modality": "CR", "WindowCenter": 2000, "WindowWidth": 3000, "RescaleSlope": 1,
+            "RescaleIntercept": 0}
     pipeline = any_grey_pipeline(tmp_path)
     outs = {}
     for photometric in ("MONOCHROME1", "MONOCHROME2"):

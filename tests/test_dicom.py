@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import tracemalloc
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,13 +20,14 @@ from pydicom.uid import (
     EnhancedCTImageStorage,
     ExplicitVRBigEndian,
     JPEGLSLossless,
+    ParametricMapStorage,
     RLELossless,
 )
 
 from appliance import dicom
 from appliance.dicom import DECODER_PLUGINS, NATIVE, DicomLimits, decoder_report, parse
 from appliance.errors import DicomError, InputError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
-from dicom_testkit import SECRET, make_dataset, to_bytes
+from dicom_testkit import SECRET, any_grey_pipeline, make_dataset, to_bytes
 
 
 def _testdata(name: str) -> bytes:
@@ -303,11 +305,26 @@ def test_lossy_syntax_is_flagged():
 
 
 def test_parse_from_many_threads_leaves_warning_filters_alone():
-    import warnings
-
     before = list(warnings.filters)
     data = _testdata("SC_rgb_jpeg.dcm")  # pydicom warns while reading it (explicit VR that is implicit)
     with ThreadPoolExecutor(4) as pool:
         uids = set(pool.map(lambda _: parse(data).sop_instance_uid, range(16)))
     assert len(uids) == 1
     assert warnings.filters == before
+
+
+def test_float_pixel_data_decodes_and_nan_is_rejected_by_the_pipeline(tmp_path):
+    ds = make_dataset(sop_class=ParametricMapStorage, modality="MR")
+    for kw in ("PixelData", "BitsStored", "HighBit", "PixelRepresentation"):
+        delattr(ds, kw)
+    ds.BitsAllocated = 32
+    values = np.linspace(-1, 1, 16, dtype=np.float32).reshape(4, 4)
+    ds.FloatPixelData = values.tobytes()
+    inst = parse(to_bytes(ds))
+    assert inst.pixel_keyword == "FloatPixelData"
+    np.testing.assert_array_equal(inst.decode_frame(0), values)
+    values[0, 0] = np.nan
+    ds.FloatPixelData = values.tobytes()
+    pipeline = any_grey_pipeline(tmp_path)
+    with pytest.raises(DicomError, match=r"\(7FE0,0008\) Float Pixel Data"):
+        pipeline.run(parse(to_bytes(ds)), 0, np.empty(pipeline.input_shape, np.float32))

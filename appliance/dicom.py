@@ -100,6 +100,7 @@ _PHOTOMETRIC_SAMPLES = {
 # SOP classes that carry pixel data although their names do not say "Image".
 _PIXEL_CLASS_WORDS = ("Image", "Segmentation", "RT Dose", "Parametric Map")
 _PARSE_LOCK = threading.Lock()
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the pipelines compute in float32
 
 
 def tag_name(keyword: str) -> str:
@@ -664,11 +665,11 @@ def _rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
         return 1.0, 0.0
     slope = _float_or_none(src.get("RescaleSlope", 1.0))
     intercept = _float_or_none(src.get("RescaleIntercept", 0.0))
-    if slope is None or slope == 0.0:
-        raise DicomError(f"{tag_name('RescaleSlope')} must be a finite non-zero number",
+    if slope is None or slope == 0.0 or abs(slope) > _FLOAT32_MAX:
+        raise DicomError(f"{tag_name('RescaleSlope')} must be a finite non-zero float32 number",
                          field="dicom.RescaleSlope")
-    if intercept is None:
-        raise DicomError(f"{tag_name('RescaleIntercept')} must be a finite number",
+    if intercept is None or abs(intercept) > _FLOAT32_MAX:
+        raise DicomError(f"{tag_name('RescaleIntercept')} must be a finite float32 number",
                          field="dicom.RescaleIntercept")
     return slope, intercept
 

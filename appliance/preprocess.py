@@ -387,6 +387,12 @@ class Pipeline:
         _load(fr, arr, photometric)
         for step in self.steps:
             step.spec.apply(fr, step.params)
+        if not np.isfinite(out).all():  # last guard: a model never sees NaN/inf, and bad input is no bug
+            raise DicomError(
+                f"frame {frame} gives non-finite model input; check {tag_name('RescaleSlope')} and "
+                f"{tag_name('RescaleIntercept')}",
+                field="dicom.RescaleSlope",
+            )
         h, w = self.input_shape[-2:]
         return FrameInfo(
             original_shape=(inst.rows, inst.columns),

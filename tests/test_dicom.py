@@ -133,6 +133,8 @@ BAD_INPUTS = [
     ("ct-without-pixels", lambda: _without("PixelData"), DicomError, ["(7FE0,0010) Pixel Data", "CT Image"]),
     ("rescale-slope-0", lambda: _with(RescaleSlope=0, RescaleIntercept=0), DicomError,
      ["(0028,1053) Rescale Slope"]),
+    ("rescale-slope-beyond-float32", lambda: _with(RescaleSlope="1e300", RescaleIntercept=0), DicomError,
+     ["(0028,1053) Rescale Slope"]),
     ("rt-plan", lambda: _testdata("rtplan.dcm"), NotApplicable,
      ["RT Plan Storage", "(7FE0,0010) Pixel Data"]),
     ("sr", lambda: _testdata("reportsi.dcm"), NotApplicable, ["Basic Text SR Storage"]),

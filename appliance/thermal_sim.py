@@ -576,7 +576,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--die-scale", type=float, default=1.0, help="scale die capacity (its τ)")
     ap.add_argument("--power-limit-w", type=float, default=None, help="firmware power limit, W")
     ap.add_argument("--no-power", action="store_true", help="hide power readings (nameplate model)")
-    ap.add_argument("--setpoint-c", type=float, default=None, help="governor setpoint, °C")
+    ap.add_argument("--setpoint-c", type=float, default=None,
+                    help="governor setpoint, °C (the guard moves to setpoint + 1 if needed)")
     return ap
 
 
@@ -587,7 +588,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.power_limit_w is not None:
         plant = dataclasses.replace(plant, p_limit_w=args.power_limit_w)
     sensor = SensorParams(args.delay_s, args.quantize, args.noise_c)
-    config = ThermalConfig() if args.setpoint_c is None else ThermalConfig(setpoint_c=args.setpoint_c)
+    config = ThermalConfig()
+    if args.setpoint_c is not None:
+        config = ThermalConfig(setpoint_c=args.setpoint_c, guard_c=max(config.guard_c, args.setpoint_c + 1.0))
     profile = day_profile(args.hours, seed=args.seed)
     profile.faults = fault_schedule(args.fault, len(profile.demand), args.hours / 24.0)
     out = evaluate(profile, plant, sensor, config, seed=args.seed, measure_power=not args.no_power,

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from appliance.governor import Governor, GovernorState, ThermalConfig
+from appliance.governor import Governor, ThermalConfig
 
 __all__ = [
     "FAULT_KINDS",

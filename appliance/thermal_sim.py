@@ -38,12 +38,16 @@ __all__ = [
     "Sensor",
     "SensorParams",
     "SimResult",
+    "Targets",
     "best_constant_duty",
     "day_profile",
+    "evaluate",
     "fault_schedule",
     "ideal_tracker",
     "main",
+    "peak_to_peak",
     "run_profile",
+    "settling_times",
 ]
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ __all__ = [
     "SimulatedThermometer",
     "Thermometer",
     "make_thermometer",
+    "nvml_error_kind",
 ]
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ __all__ = ["FakeEngine"]
 class FakeEngine(Engine):
     """Fixed-batch fake. Options: ``latency_s`` (per batch, slept on the given clock), ``clock``,
     ``fail_batches`` (set of batch numbers that raise EngineError), ``dead_after`` (batch number from which
-    EngineDeadError is raised), ``hang`` (a threading.Event: run blocks until it is set)."""
+    EngineDeadError is raised), ``hang`` (a threading.Event: run blocks until it is set), ``hang_after``
+    (batch number from which run blocks forever, like a hung device call)."""
 
     name = "fake"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
@@ -35,6 +36,7 @@ class FakeEngine(Engine):
         self.fail_batches: set[int] = set(self.options.get("fail_batches", ()))
         self.dead_after: int | None = self.options.get("dead_after")
         self.hang: threading.Event | None = self.options.get("hang")
+        self.hang_after: int | None = self.options.get("hang_after")  # block forever from this batch on
         self.batches: list[np.ndarray] = []  # copies of every batch run (warm-up excluded)
         self.loaded = False
         self._warming = False
@@ -66,6 +68,8 @@ class FakeEngine(Engine):
                 raise EngineError(f"fake engine failed batch {n}")
             if self.hang is not None:
                 self.hang.wait()
+            if self.hang_after is not None and n >= self.hang_after:
+                threading.Event().wait()  # a hung device call: only the watchdog notices
         if self.latency_s:
             self.clock.sleep(self.latency_s)
         flat = batch.reshape(batch.shape[0], -1)

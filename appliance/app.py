@@ -1,0 +1,354 @@
+"""Composition root: builds the parts in data-path order, then start, warm-up, READY, drain, stop.
+
+    server (grpc.aio) -> dicom.parse -> pipeline (worker pool, into a slot) -> batcher -> engine (one thread)
+                      -> postprocess -> reply
+    side channels: health (gRPC health + sd_notify + GetStatus) · metrics · thermal controller -> pacer
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from appliance import __version__, dicom
+from appliance.governor import Governor, ThermalConfig
+from appliance.batcher import Batcher, Pacer
+from appliance.clock import Clock, RealClock
+from appliance.config import Config, ThermalSection
+from appliance.engines import resolve
+from appliance.errors import ConfigError, Unavailable
+from appliance.health import INFERENCE_SERVICE, THERMAL_SERVICE, HealthState, ServiceState
+from appliance.manifest import load_manifest
+from appliance.metrics import Metrics
+from appliance.notify import Notifier, SystemdNotifier, Watchdog
+from appliance.postprocess import Postprocessor
+from appliance.preprocess import load_pipelines
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.server import InferenceServicer
+from appliance.thermal_control import ThermalController
+from appliance.thermometers import make_thermometer
+
+__all__ = ["App", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class App:
+    """One daemon. Construct (cheap, validates config/manifest/pipelines), ``await start()``, ``await stop()``."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        notifier: Notifier | None = None,
+        engine_options: dict[str, Any] | None = None,
+        thermal: ThermalController | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or RealClock()
+        self.notifier = notifier or SystemdNotifier()
+        self.metrics = Metrics(config.metrics.window)
+        # model and pipelines: validated now, so a bad config fails before anything binds
+        self.manifest = load_manifest(config.models_dir() / config.model.name / "model.toml")
+        self.artifact = self.manifest.artifact(config.model.precision or None)
+        self.pipelines = {
+            name: p for name, p in load_pipelines(config.pipelines_dir(), config.models_dir()).items()
+            if p.model == self.manifest.name
+        }
+        self.default_pipeline = config.model.default_pipeline or self.manifest.name
+        if self.default_pipeline not in self.pipelines:
+            raise Unavailable(
+                f"default pipeline {self.default_pipeline!r} not found in {config.pipelines_dir()} "
+                f"for model {self.manifest.name!r} (config key model.default_pipeline)"
+            )
+        self.limits = dicom.DicomLimits(
+            max_bytes=config.server.max_message_bytes,
+            max_pixels_per_frame=config.dicom.max_pixels_per_frame,
+            max_frames=config.dicom.max_frames,
+            max_decoded_bytes=config.dicom.max_decoded_bytes,
+        )
+        self.postprocess = Postprocessor(self.manifest)
+        # engine + batcher (the engine is loaded on its own thread in start())
+        engine_cls, self.skipped_backends = resolve(config.engine.backend)
+        options = {"intra_op_threads": config.engine.intra_op_threads, "allow_spinning": config.engine.allow_spinning}
+        options.update(config.engine.options)
+        options.update(engine_options or {})
+        self.engine = engine_cls(self.manifest, self.artifact, options)
+        self.pacer = Pacer(self.clock)
+        self.batcher = Batcher(
+            self.engine,
+            config.batcher,
+            clock=self.clock,
+            pacer=self.pacer,
+            observer=self.metrics,
+            on_engine_dead=self._engine_dead,
+        )
+        self.thermal = thermal or build_thermal(
+            config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name
+        )
+        self.parse_executor = ThreadPoolExecutor(1, thread_name_prefix="parse")
+        self.health: HealthState | None = None
+        self.server: grpc.aio.Server | None = None
+        self.addresses: list[str] = []
+        self._t_start = self.clock.monotonic()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- used by the servicer ---------------------------------------------------------------------------
+
+    def parse_dicom(self, data: bytes) -> dicom.DicomInstance:
+        """Parse and validate one instance (runs in the parse executor)."""
+        return dicom.parse(data, self.limits)
+
+    def check_admitting(self) -> None:
+        """Raise Unavailable unless the service admits new work."""
+        assert self.health is not None
+        state = self.health.state
+        if state == ServiceState.SERVING:
+            return
+        reason = {
+            ServiceState.STARTING: "WARMING_UP",
+            ServiceState.DRAINING: "DRAINING",
+        }.get(state, "THERMAL_PAUSE" if self.health.reason.startswith("thermal") else "NOT_SERVING")
+        raise Unavailable(f"service is {state.value.lower()}: {self.health.reason}", reason=reason)
+
+    def model_pb(self) -> pb.Model:
+        """The model block of replies and status."""
+        return pb.Model(
+            name=self.manifest.name,
+            version=self.manifest.version,
+            precision=self.artifact.precision,
+            backend=self.engine.backend,
+            batch_size=self.engine.batch_size,
+        )
+
+    def degraded_reasons(self) -> list[str]:
+        """Why the service is degraded (empty when healthy)."""
+        reasons = []
+        snap = self.thermal.snapshot()
+        if snap.enabled and snap.state not in ("COOL", "REGULATING", "DISABLED"):
+            reasons.append(f"thermal {snap.state.lower()}")
+        stats = self.batcher.statistics()
+        if stats.depth > 0.8 * stats.capacity:
+            reasons.append(f"queue over 80% ({stats.depth}/{stats.capacity})")
+        return reasons
+
+    def status_pb(self) -> pb.Status:
+        """The detailed status (GetStatus, `appliance health --json`)."""
+        assert self.health is not None
+        stats = self.batcher.statistics()
+        reasons = self.degraded_reasons() if self.health.state == ServiceState.SERVING else [self.health.reason]
+        state = self.health.state.value
+        if self.health.state == ServiceState.SERVING and reasons:
+            state = "DEGRADED"
+        snap = self.thermal.snapshot()
+        status = pb.Status(
+            state=state,
+            uptime_s=self.clock.monotonic() - self._t_start,
+            model=self.model_pb(),
+            queue_depth=stats.depth,
+            queue_capacity=stats.capacity,
+            batch_fill=self.metrics.fill.mean(),
+            status_counts=self.metrics.status_counts(),
+            thermal=pb.Thermal(
+                enabled=snap.enabled,
+                state=snap.state,
+                temperature_c=snap.temperature_c if snap.temperature_c is not None else 0.0,
+                duty=snap.duty,
+                seconds_above_limit=snap.seconds_above_limit,
+                sensor_errors=snap.sensor_errors,
+                power_w=snap.power_w if snap.power_w is not None else 0.0,
+                reason=snap.reason,
+            ),
+            version=__version__,
+            batches=self.batcher.batches,
+            degraded_reasons=reasons,
+            pipelines=sorted(self.pipelines),
+            default_pipeline=self.default_pipeline,
+        )
+        for stage, summary in self.metrics.latency_summaries().items():
+            status.latency_ms[stage].CopyFrom(
+                pb.Percentiles(p50=summary.p50, p90=summary.p90, p99=summary.p99, count=summary.count)
+            )
+        return status
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def _server_options(self) -> list[tuple[str, int]]:
+        limit = self.config.server.max_message_bytes
+        return [
+            ("grpc.max_receive_message_length", limit + (1 << 20)),  # + envelope; the handler states the limit
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 30_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.max_connection_idle_ms", 15 * 60_000),
+        ]
+
+    async def start(self) -> None:
+        """Bind, report NOT_SERVING, load and warm the engine on its thread, then SERVING + READY=1."""
+        self._loop = asyncio.get_running_loop()
+        health_servicer = health_aio.HealthServicer()
+        self.health = HealthState(health_servicer, self.notifier)
+        await self.health.init()
+        server = grpc.aio.server(options=self._server_options())
+        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        if self.config.server.reflection:
+            names = (
+                pb.DESCRIPTOR.services_by_name["Inference"].full_name,
+                "grpc.health.v1.Health",
+                reflection.SERVICE_NAME,
+            )
+            reflection.enable_server_reflection(names, server)
+        for address in self.config.server.listen:
+            if address.startswith("unix:"):
+                Path(address.removeprefix("unix:").removeprefix("//")).parent.mkdir(parents=True, exist_ok=True)
+            port = server.add_insecure_port(address)
+            if port == 0 and not address.startswith("unix:"):
+                raise Unavailable(f"could not bind {address} (config key server.listen)")
+            self.addresses.append(address if address.startswith("unix:") else _with_port(address, port))
+        self.server = server
+        await server.start()
+        log.info("listening on %s; loading %s (%s)", ", ".join(self.addresses), self.manifest.name, self.artifact.precision)
+        for name, why in self.skipped_backends.items():
+            log.info("engine backend %s skipped: %s", name, why)
+        await asyncio.get_running_loop().run_in_executor(None, self.artifact.verify)
+        ready = self.batcher.start(self.config.engine.warmup_runs)
+        await asyncio.get_running_loop().run_in_executor(None, ready.wait)
+        if self.batcher.start_error is not None:
+            raise self.batcher.start_error
+        log.info(
+            "engine ready: %s on %s, B=%d, %.1f ms/batch after warm-up",
+            self.artifact.precision, self.engine.backend, self.engine.batch_size, self.batcher.batch_s_estimate * 1e3,
+        )
+        await self.health.set_serving()
+        self._tasks.append(asyncio.create_task(self._thermal_loop(), name="thermal"))
+        if self.notifier.watchdog_interval_s:
+            watchdog = Watchdog(
+                self.notifier,
+                heartbeat=lambda: self.batcher.heartbeat,
+                clock_monotonic=self.clock.monotonic,
+                max_staleness_s=max(self.notifier.watchdog_interval_s, 0.5),
+            )
+            self._tasks.append(asyncio.create_task(watchdog.run(), name="watchdog"))
+        if self.config.metrics.listen:
+            from prometheus_client import start_http_server
+
+            host, _, port = self.config.metrics.listen.rpartition(":")
+            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.metrics.registry)
+
+    async def _thermal_loop(self) -> None:
+        period = self.config.thermal.period_s
+        while True:
+            try:
+                self.thermal.tick()
+            except Exception:  # a bug in a sensor path must not stop pacing silently
+                log.exception("thermal tick failed")
+            snap = self.thermal.snapshot()
+            self.pacer.set_duty(self.thermal.duty)
+            self.metrics.observe_thermal(snap)
+            assert self.health is not None
+            await self.health.set_thermal(snap.state not in ("BLIND", "STOPPED", "EMERGENCY"))
+            if not self.thermal.serving and self.health.state == ServiceState.SERVING:
+                await self.health.set_not_serving(f"thermal {snap.state.lower()}: {snap.reason}")
+            elif self.thermal.serving and self.health.state == ServiceState.NOT_SERVING and self.batcher.dead is None:
+                if self.health.reason.startswith("thermal"):
+                    await self.health.set_serving()
+            queue = self.batcher.statistics()
+            self.metrics.queue_depth.set(queue.depth)
+            self.metrics.queue_capacity.set(queue.capacity)
+            self.metrics.up.set(1 if self.health.state == ServiceState.SERVING else 0)
+            await asyncio.sleep(period if snap.enabled else max(period, 1.0))
+
+    def _engine_dead(self, error: Exception) -> None:
+        loop = self._loop
+        if loop is not None and self.health is not None:
+            health = self.health
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(health.set_not_serving(f"engine dead: {error}")))
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain: STOPPING=1, NOT_SERVING, refuse new work, finish in-flight work within grace, stop."""
+        grace = self.config.server.grace_s if grace_s is None else grace_s
+        if self.health is not None:
+            await self.health.set_draining()
+        self.batcher.stop_accepting()
+        loop = asyncio.get_running_loop()
+        drained = loop.run_in_executor(None, self.batcher.drain, grace)
+        if self.server is not None:
+            await self.server.stop(grace)
+        await drained
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await loop.run_in_executor(None, self.batcher.stop, 2.0)
+        self.engine.close()
+        self.thermal.close()
+        self.parse_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def build_thermal(
+    section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False
+) -> ThermalController:
+    """Build the thermometer + governor + controller from ``[thermal]``; errors name the key.
+
+    With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".
+    """
+    try:
+        governor_config = ThermalConfig(**section.governor)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config key thermal.governor: {e}") from e
+    try:
+        thermometer = make_thermometer(section.sensor, clock=clock, **section.sim)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config key thermal.sim: {e}") from e
+    return ThermalController(
+        thermometer,
+        Governor(governor_config),
+        clock=clock,
+        busy_source=busy,
+        require_sensor=gpu_engine and section.sensor != "none",
+    )
+
+
+def _with_port(address: str, port: int) -> str:
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"
+
+
+async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
+    """Run the daemon until SIGTERM/SIGINT; drain and return 0."""
+    app = App(config, notifier=notifier)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    t0 = time.monotonic()
+    start = asyncio.create_task(app.start())
+    done, _ = await asyncio.wait({start, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if start in done:
+        start.result()  # raise a startup failure
+        log.info("serving after %.1f s", time.monotonic() - t0)
+        await stop.wait()
+    else:
+        start.cancel()
+    log.info("SIGTERM: draining (grace %.1f s)", config.server.grace_s)
+    await app.stop()
+    log.info("stopped")
+    return 0

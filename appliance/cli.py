@@ -1,0 +1,326 @@
+"""The ``appliance`` command: serve · health · analyze · bench · backends · doctor · models · thermal-sim.
+
+Exit codes: 0 success; 1 failure (``health``: WARNING); 2 ``health``: CRITICAL; 3 ``health``: UNKNOWN (bad
+arguments or an unexpected answer). ``--json`` outputs are stable interfaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+log = logging.getLogger("appliance")
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors exit with a chosen code (3 = UNKNOWN for `health`)."""
+
+    error_code = 2
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(self.error_code, f"{self.prog}: error: {message}\n")
+
+
+# ---- serve ------------------------------------------------------------------------------------------------
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from appliance.app import serve
+    from appliance.config import load_config
+    from appliance.errors import ApplianceError
+
+    overrides: dict[str, dict[str, Any]] = {}
+    if args.listen:
+        overrides.setdefault("server", {})["listen"] = args.listen
+    if args.backend:
+        overrides.setdefault("engine", {})["backend"] = args.backend
+    if args.thermal:
+        overrides.setdefault("thermal", {})["sensor"] = args.thermal
+    if args.no_overlap:
+        overrides.setdefault("batcher", {})["overlap"] = False
+    if args.precision:
+        overrides.setdefault("model", {})["precision"] = args.precision
+    try:
+        config = load_config(args.config, overrides)
+        return asyncio.run(serve(config))
+    except ApplianceError as e:
+        log.critical("cannot start: %s", e)
+        return 1
+
+
+# ---- health -----------------------------------------------------------------------------------------------
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+
+
+def _channel_target(target: str) -> str:
+    return target
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from appliance.proto.v1 import inference_pb2 as pb
+    from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+
+    try:
+        with grpc.insecure_channel(_channel_target(args.target)) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=args.timeout)
+            except grpc.FutureTimeoutError:
+                print(f"EDGE-APPLIANCE CRITICAL: {args.target} unreachable within {args.timeout:g} s")
+                return CRITICAL
+            health = health_pb2_grpc.HealthStub(channel)
+            check = health.Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference"), timeout=args.timeout)
+            status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=args.timeout)
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            print(f"EDGE-APPLIANCE CRITICAL: {args.target}: {code.name}")
+            return CRITICAL
+        print(f"EDGE-APPLIANCE UNKNOWN: unexpected answer from {args.target}: {e}")
+        return UNKNOWN
+    serving = check.status == health_pb2.HealthCheckResponse.SERVING
+    if not serving:
+        rc, word = CRITICAL, "CRITICAL"
+    elif status.state == "DEGRADED" or status.degraded_reasons:
+        rc, word = WARNING, "WARNING"
+    elif status.state == "SERVING":
+        rc, word = OK, "OK"
+    else:
+        rc, word = UNKNOWN, "UNKNOWN"
+    if args.json:
+        doc = MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        doc = {"schema_version": 1, "exit_code": rc, "health": "SERVING" if serving else "NOT_SERVING", **doc}
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return rc
+    total = status.latency_ms.get("total")
+    perf = (
+        f"'queue'={status.queue_depth};{int(0.8 * status.queue_capacity)};{status.queue_capacity};0;"
+        f"{status.queue_capacity} 'batch_fill'={status.batch_fill:.3f};;;0;1"
+    )
+    if total is not None and total.count:
+        perf += f" 'total_p50'={total.p50:.1f}ms 'total_p99'={total.p99:.1f}ms"
+    if status.thermal.enabled:
+        perf += f" 'gpu_temp'={status.thermal.temperature_c:.0f};;75 'duty'={status.thermal.duty:.2f};;;0;1"
+    detail = ", ".join(status.degraded_reasons) or status.state.lower()
+    model = status.model
+    print(f"EDGE-APPLIANCE {word}: {detail}; {model.name} {model.precision} on {model.backend} | {perf}")
+    return rc
+
+
+# ---- analyze ----------------------------------------------------------------------------------------------
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from appliance.proto.v1 import inference_pb2 as pb
+    from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+
+    rc = 0
+    options = [("grpc.max_send_message_length", 128 << 20), ("grpc.max_receive_message_length", 128 << 20)]
+    with grpc.insecure_channel(args.target, options=options) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        for path in args.files:
+            request = pb.AnalyzeRequest(
+                dicom=Path(path).read_bytes(),
+                pipeline=args.pipeline,
+                priority=pb.BATCH if args.batch else pb.INTERACTIVE,
+            )
+            try:
+                reply = stub.Analyze(request, timeout=args.timeout)
+            except grpc.RpcError as e:
+                print(f"{path}: {e.code().name}: {e.details()}", file=sys.stderr)
+                rc = 1
+                continue
+            if args.json:
+                print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True)))
+                continue
+            t = reply.timings
+            print(
+                f"{path}: sop={reply.sop_instance_uid} model={reply.model.name}:{reply.model.version} "
+                f"{reply.model.precision} on {reply.model.backend}"
+            )
+            for frame in reply.frames:
+                top = frame.findings[0]
+                loc = ""
+                if frame.HasField("location"):
+                    loc = f" peak at (row {frame.location.row:.0f}, col {frame.location.column:.0f})"
+                print(f"  frame {frame.frame_index}: {top.label} score={top.score:.3f}{loc}")
+            print(
+                f"  timings ms: queue={t.queue_ms:.1f} preprocess={t.preprocess_ms:.1f} "
+                f"engine={t.engine_ms:.1f} total={t.total_ms:.1f}"
+            )
+    return rc
+
+
+# ---- backends / doctor ------------------------------------------------------------------------------------
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from appliance.dicom import decoder_report
+    from appliance.engines import backend_report
+
+    report = {"engines": backend_report(), "decoders": decoder_report()}
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    for name, why in report["engines"].items():
+        print(f"engine  {name:18s} {'available' if why is None else 'unavailable - ' + why}")
+    for uid, info in report["decoders"].items():
+        print(f"decoder {uid:24s} {info}")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from appliance.doctor import run_doctor
+
+    return run_doctor(args)
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    import pydicom.uid
+
+    from appliance import synthetic
+
+    syntaxes = {
+        "explicit": pydicom.uid.ExplicitVRLittleEndian,
+        "implicit": pydicom.uid.ImplicitVRLittleEndian,
+        "rle": pydicom.uid.RLELossless,
+        "jpegls": pydicom.uid.JPEGLSLossless,
+        "j2k": pydicom.uid.JPEG2000Lossless,
+        "deflated": pydicom.uid.DeflatedExplicitVRLittleEndian,
+    }
+    out = Path(args.out)
+    if args.count > 1:
+        out.mkdir(parents=True, exist_ok=True)
+    for i in range(args.count):
+        nodule = {"yes": True, "no": False, "random": None}[args.nodule]
+        truth = synthetic.generate_slice(args.seed + i, nodule=nodule)
+        data = synthetic.to_dicom(truth, transfer_syntax=syntaxes[args.syntax], instance_number=i + 1)
+        path = out / f"slice-{args.seed + i:05d}.dcm" if args.count > 1 else out
+        path.write_bytes(data)
+        sizes = [f"{n[2]:.1f} mm" for n in truth.nodules]
+        print(f"{path}: nodule={'yes' if truth.has_nodule else 'no'} {' '.join(sizes)}")
+    return 0
+
+
+# ---- delegated subcommands --------------------------------------------------------------------------------
+
+
+def _cmd_bench(argv: list[str]) -> int:
+    from appliance.bench import main as bench_main
+
+    return bench_main(argv)
+
+
+def _cmd_thermal_sim(argv: list[str]) -> int:
+    from appliance.thermal_sim import main as sim_main
+
+    return sim_main(argv)
+
+
+def _cmd_models(argv: list[str]) -> int:
+    from appliance.modelbuild import cli as models_cli
+
+    if not argv or argv[0] not in ("build", "eval"):
+        print("usage: appliance models {build,eval} NAME [options]", file=sys.stderr)
+        return 2
+    return models_cli.build_main(argv[1:]) if argv[0] == "build" else models_cli.eval_main(argv[1:])
+
+
+DELEGATED = {"bench": _cmd_bench, "thermal-sim": _cmd_thermal_sim, "models": _cmd_models}
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="appliance", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("serve", help="run the gRPC daemon")
+    p.add_argument("--config", type=Path, help="TOML config (default: built-in defaults)")
+    p.add_argument("--listen", action="append", help="address to bind (repeatable), e.g. 127.0.0.1:50051, unix:/path")
+    p.add_argument("--backend", help="engine backend: auto, onnxruntime-cpu, onnxruntime-cuda, fake")
+    p.add_argument("--precision", help="model artifact precision (default: the manifest's)")
+    p.add_argument("--thermal", choices=["auto", "nvml", "none", "sim"], help="thermal sensor")
+    p.add_argument("--no-overlap", action="store_true", help="preprocess on the engine thread (sequential)")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("health", help="Nagios-style health check (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)")
+    p.error_code = UNKNOWN  # type: ignore[attr-defined]
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET})")
+    p.add_argument("--json", action="store_true", help="print the full status as JSON")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds per call")
+    p.set_defaults(func=_cmd_health)
+
+    p = sub.add_parser("analyze", help="send DICOM files to a running daemon and print findings and timings")
+    p.add_argument("files", nargs="+", help="DICOM Part-10 files")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--pipeline", default="", help="pipeline name (default: the daemon's default)")
+    p.add_argument("--batch", action="store_true", help="BATCH priority (default INTERACTIVE)")
+    p.add_argument("--json", action="store_true", help="one JSON reply per line")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("synth", help="write synthetic CT slices as DICOM (phantom data, no patient data)")
+    p.add_argument("--out", default="slice.dcm", help="file (or directory with --count > 1)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--nodule", choices=["yes", "no", "random"], default="yes")
+    p.add_argument("--syntax", choices=["explicit", "implicit", "rle", "jpegls", "j2k", "deflated"], default="explicit")
+    p.set_defaults(func=_cmd_synth)
+
+    p = sub.add_parser("backends", help="which engines and DICOM decoders are usable here, and why not")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_backends)
+
+    p = sub.add_parser("doctor", help="self-test: dependencies, model integrity, engine; --gpu, --thermal")
+    p.add_argument("--gpu", action="store_true", help="check the GPU backends for real (needs an NVIDIA GPU)")
+    p.add_argument("--thermal", action="store_true", help="commissioning: measure the thermal plant (GPU)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--config", type=Path)
+    p.set_defaults(func=_cmd_doctor)
+
+    for name, help_text in (
+        ("bench", "load test: throughput, latency, overlap vs sequential (JSON report)"),
+        ("thermal-sim", "run the thermal governor against the simulated GPU plant"),
+        ("models", "build or evaluate a model: models build NAME | models eval NAME --seed S --n N --json"),
+    ):
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``appliance`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv[:1] or "--verbose" in argv[:1]
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    rest = argv[1:] if verbose else argv
+    if rest and rest[0] in DELEGATED:
+        return DELEGATED[rest[0]](rest[1:])
+    parser = _parser()
+    if rest and rest[0] == "health":
+        parser.error_code = UNKNOWN  # Nagios: bad arguments are UNKNOWN, also for unknown options
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

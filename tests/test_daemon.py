@@ -1,0 +1,118 @@
+"""`appliance serve` as a real process: sd_notify protocol through a fake NOTIFY_SOCKET, watchdog tied to
+engine progress, SIGTERM drain and exit 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from appliance import synthetic
+from appliance.notify import FakeNotifySocket
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import REPO, write_fake_model
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(tmp_path: Path, port: int, engine_options: str = "") -> Path:
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    cfg = tmp_path / "appliance.toml"
+    cfg.write_text(
+        f"""
+[server]
+listen = ["127.0.0.1:{port}", "unix:{tmp_path}/grpc.sock"]
+grace_s = 5.0
+[model]
+models_dir = "{models}"
+pipelines_dir = "{REPO / 'pipelines'}"
+[engine]
+backend = "fake"
+warmup_runs = 1
+options = {{ {engine_options} }}
+[thermal]
+sensor = "none"
+"""
+    )
+    return cfg
+
+
+def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": str(watchdog_usec)}
+    env.pop("WATCHDOG_PID", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+
+
+def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
+    port = _port()
+    with FakeNotifySocket() as notify:
+        proc = _start(_config(tmp_path, port), notify)
+        try:
+            assert notify.wait_for("READY=1", timeout=60), notify.messages()
+            assert notify.wait_for(lambda m: m.count("WATCHDOG=1") >= 2, timeout=10)
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                data = synthetic.to_dicom(synthetic.generate_slice(3, size=512))
+                reply = pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10)
+                assert len(reply.frames) == 1
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+        messages = notify.messages()
+    assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
+    assert "STOPPING=1" in messages
+    assert messages.index("READY=1") < messages.index("STOPPING=1")
+    assert not any("WATCHDOG=1" == m for m in messages[: messages.index("READY=1")])  # armed after READY
+    pids = {n.pid for n in notify.notifications()}
+    assert pids == {proc.pid}  # NotifyAccess=main
+
+
+def test_hung_engine_stops_the_watchdog(tmp_path: Path) -> None:
+    port = _port()
+    with FakeNotifySocket() as notify:
+        proc = _start(_config(tmp_path, port, engine_options="hang_after = 0"), notify)
+        try:
+            assert notify.wait_for("READY=1", timeout=60)
+            assert notify.wait_for(lambda m: m.count("WATCHDOG=1") >= 2, timeout=10)
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                data = synthetic.to_dicom(synthetic.generate_slice(4, size=512))
+                future = pb_grpc.InferenceStub(ch).Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
+                time.sleep(1.5)  # the engine hangs on this batch; pings must stop
+                before = notify.messages().count("WATCHDOG=1")
+                time.sleep(1.5)
+                after = notify.messages().count("WATCHDOG=1")
+                future.cancel()
+            assert after == before, "watchdog kept pinging while the engine was hung"
+        finally:
+            proc.kill()
+            proc.communicate(timeout=10)
+
+
+@pytest.mark.parametrize("bad", ["[batcher]\nmax_wiat_s = 1\n"])
+def test_bad_config_fails_fast_naming_the_key(tmp_path: Path, bad: str) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(bad)
+    proc = subprocess.run(
+        [sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "batcher.max_wiat_s" in proc.stderr

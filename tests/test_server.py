@@ -1,0 +1,286 @@
+"""The real gRPC server on loopback, with the fake engine: API, errors, streaming, status, health, drain."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pydicom
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from appliance import synthetic
+from appliance.cli import main as cli_main
+from appliance.notify import RecordingNotifier
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import RunningApp, fake_config, write_fake_model
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    write_fake_model(d, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    return d
+
+
+@pytest.fixture(scope="module")
+def running(models_dir: Path):
+    notifier = RecordingNotifier()
+    sock = models_dir / "grpc.sock"
+    app = RunningApp(fake_config(models_dir, server={"listen": ["127.0.0.1:0", f"unix:{sock}"]}), notifier=notifier)
+    yield app
+    app.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(running):
+    with grpc.insecure_channel(running.target) as channel:
+        yield pb_grpc.InferenceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def slice_bytes() -> bytes:
+    return synthetic.to_dicom(synthetic.generate_slice(11, nodule=True, size=512))
+
+
+def error_of(call_error: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    return call_error.code(), call_error.details()
+
+
+def test_ready_after_warmup_and_serving(running) -> None:
+    notifier = running.app.notifier
+    assert "READY=1" in notifier.messages
+    with grpc.insecure_channel(running.target) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for name in ("", "appliance.v1.Inference", "appliance.thermal"):
+            r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+def test_analyze_one_slice(stub, slice_bytes) -> None:
+    reply = stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes, request_id="r-1"), timeout=10)
+    ds = pydicom.dcmread(io.BytesIO(slice_bytes))
+    assert reply.request_id == "r-1"
+    assert reply.sop_instance_uid == ds.SOPInstanceUID
+    assert reply.pipeline == "ct-nodule"
+    assert (reply.model.name, reply.model.backend, reply.model.batch_size) == ("ct-nodule", "fake", 4)
+    assert len(reply.frames) == 1
+    frame = reply.frames[0]
+    # the fake engine's score is the mean model input: check it against the contract computed independently
+    expected = float(synthetic.model_input(synthetic.generate_slice(11, nodule=True, size=512),
+                                           running_manifest_preprocess()).mean())
+    assert frame.findings[0].score == pytest.approx(expected, abs=1e-5)
+    assert {f.label for f in frame.findings} == {"nodule", "no_nodule"}
+    assert frame.HasField("location") and 0 <= frame.location.row < 512 and 0 <= frame.location.column < 512
+    t = reply.timings
+    assert t.total_ms > 0 and t.preprocess_ms > 0 and t.total_ms >= t.engine_ms
+
+
+def running_manifest_preprocess() -> dict:
+    return {"window_center": -600.0, "window_width": 1500.0, "shape": (256, 256), "size": (256, 256)}
+
+
+def test_server_assigns_request_id(stub, slice_bytes) -> None:
+    reply = stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+    assert len(reply.request_id) >= 16
+
+
+def test_multiframe_instance_gathers_frames(stub, slice_bytes) -> None:
+    ds = pydicom.dcmread(io.BytesIO(slice_bytes))
+    pixels = ds.pixel_array
+    frames = np.stack([pixels, pixels // 2, pixels])
+    ds.NumberOfFrames = 3
+    ds.PixelData = frames.astype(pixels.dtype).tobytes()
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    reply = stub.Analyze(pb.AnalyzeRequest(dicom=buf.getvalue()), timeout=10)
+    assert [f.frame_index for f in reply.frames] == [0, 1, 2]
+    scores = [f.findings[0].score for f in reply.frames]
+    assert scores[0] == pytest.approx(scores[2]) and scores[1] != pytest.approx(scores[0])
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "needle"),
+    [
+        (b"", grpc.StatusCode.INVALID_ARGUMENT, ""),
+        (b"\x89PNG\r\n\x1a\n" + b"0" * 300, grpc.StatusCode.INVALID_ARGUMENT, ""),
+    ],
+)
+def test_bad_input_is_invalid_argument_with_details(stub, payload, code, needle) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Analyze(pb.AnalyzeRequest(dicom=payload), timeout=10)
+    assert e.value.code() == code
+    assert e.value.details()
+    status = rpc_status.from_call(e.value)
+    assert status is not None and status.details  # ErrorInfo + BadRequest
+
+
+def test_rt_plan_is_failed_precondition(stub) -> None:
+    path = pydicom.data.get_testdata_file("rtplan.dcm")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Analyze(pb.AnalyzeRequest(dicom=Path(path).read_bytes()), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.value.details()
+
+
+def test_unknown_pipeline_is_not_found(stub, slice_bytes) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes, pipeline="brain-mri"), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "brain-mri" in e.value.details()
+
+
+def test_stream_replies_per_item_and_survives_failures(stub, slice_bytes) -> None:
+    requests = [pb.AnalyzeRequest(dicom=slice_bytes, request_id=f"s{i}") for i in range(6)]
+    requests.insert(3, pb.AnalyzeRequest(dicom=b"garbage", request_id="bad"))
+    replies = {r.request_id: r for r in stub.AnalyzeStream(iter(requests), timeout=30)}
+    assert set(replies) == {f"s{i}" for i in range(6)} | {"bad"}
+    assert replies["bad"].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert replies["bad"].status.message
+    for i in range(6):
+        assert replies[f"s{i}"].status.code == 0
+        assert len(replies[f"s{i}"].frames) == 1
+
+
+def test_get_status(stub, slice_bytes) -> None:
+    stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+    assert status.state == "SERVING"
+    assert status.model.name == "ct-nodule" and status.model.batch_size == 4
+    assert status.queue_capacity == 64
+    assert status.latency_ms["total"].count >= 1 and status.latency_ms["engine"].p50 >= 0
+    assert 0 < status.batch_fill <= 1
+    assert status.status_counts["OK"] >= 1
+    assert status.status_counts["INVALID_ARGUMENT"] >= 1
+    assert status.thermal.enabled is False and status.thermal.state == "DISABLED"
+    assert status.version and status.uptime_s > 0
+    assert "ct-nodule" in status.pipelines
+
+
+def test_health_cli_ok_and_json(running, capsys) -> None:
+    assert cli_main(["health", "--target", running.target]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert cli_main(["health", "--target", running.target, "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["state"] == "SERVING" and doc["thermal"]["state"] == "DISABLED"
+    assert doc["model"]["batch_size"] == 4 and "latency_ms" in doc
+
+
+def test_health_cli_unreachable_and_bad_args(capsys) -> None:
+    assert cli_main(["health", "--target", "127.0.0.1:1", "--timeout", "0.3"]) == 2
+    with pytest.raises(SystemExit) as e:
+        cli_main(["health", "--bogus"])
+    assert e.value.code == 3
+
+
+def test_reflection_lists_services(running) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(running.target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"appliance.v1.Inference", "grpc.health.v1.Health"} <= names
+
+
+def test_unix_socket_serves(running, slice_bytes) -> None:
+    unix = [a for a in running.app.addresses if a.startswith("unix:")]
+    assert unix
+    with grpc.insecure_channel(unix[0]) as ch:
+        reply = pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+    assert len(reply.frames) == 1
+
+
+# ---- behaviour that needs its own daemon -----------------------------------------------------------------
+
+
+def test_oversize_request_states_the_limit(models_dir, slice_bytes) -> None:
+    app = RunningApp(fake_config(models_dir, server={"max_message_bytes": 100_000}), notifier=RecordingNotifier())
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "100000" in e.value.details()
+    finally:
+        app.stop()
+
+
+def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, slice_bytes) -> None:
+    gate = threading.Event()
+    app = RunningApp(
+        fake_config(models_dir, batcher={"queue_capacity": 8, "max_wait_s": 0.0}, engine={"options": {}}),
+        notifier=RecordingNotifier(),
+        engine_options={"hang": gate},
+    )
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            stub = pb_grpc.InferenceStub(ch)
+            first = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)]
+            _wait(lambda: len(app.app.engine.batches) == 1, 5)  # first batch running, held at the gate
+            queued = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30) for _ in range(8)]
+            _wait(lambda: app.app.batcher.statistics().depth == 8, 10)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "inbox full" in e.value.details()
+            for f in queued[:3]:
+                f.cancel()
+            _wait(lambda: app.app.batcher.statistics().depth == 5, 5)
+            gate.set()
+            for f in first + queued[3:]:
+                assert len(f.result().frames) == 1
+            status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+            assert status.status_counts.get("RESOURCE_EXHAUSTED", 0) >= 1
+    finally:
+        gate.set()
+        app.stop()
+
+
+def test_drain_finishes_inflight_and_refuses_new(models_dir, slice_bytes) -> None:
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier(), engine_options={"latency_s": 0.3})
+    with grpc.insecure_channel(app.target) as ch:
+        stub = pb_grpc.InferenceStub(ch)
+        inflight = stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)
+        _wait(lambda: len(app.app.engine.batches) == 1, 5)  # in the engine (0.3 s)
+        stopper = threading.Thread(target=app.stop, kwargs={"grace_s": 5.0})
+        stopper.start()
+        assert len(inflight.result().frames) == 1
+        stopper.join(15)
+    assert "STOPPING=1" in app.app.notifier.messages
+    assert app.app.notifier.messages.index("READY=1") < app.app.notifier.messages.index("STOPPING=1")
+
+
+def test_dead_engine_flips_health(models_dir, slice_bytes) -> None:
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier(), engine_options={"dead_after": 0})
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+            assert e.value.code() == grpc.StatusCode.INTERNAL
+            health = health_pb2_grpc.HealthStub(ch)
+            _wait(
+                lambda: health.Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference")).status
+                == health_pb2.HealthCheckResponse.NOT_SERVING,
+                5,
+            )
+            assert cli_main(["health", "--target", app.target]) == 2
+    finally:
+        app.stop()
+
+
+def _wait(predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached in time")

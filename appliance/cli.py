@@ -291,6 +291,8 @@ def _parser() -> _Parser:
     p = sub.add_parser("doctor", help="self-test: dependencies, model integrity, engine; --gpu, --thermal")
     p.add_argument("--gpu", action="store_true", help="check the GPU backends for real (needs an NVIDIA GPU)")
     p.add_argument("--thermal", action="store_true", help="commissioning: measure the thermal plant (GPU)")
+    p.add_argument("--sim", action="store_true", help="with --thermal: commission the simulated plant (demo)")
+    p.add_argument("--quick", action="store_true", help="with --thermal: short smoke run, not a commissioning")
     p.add_argument("--json", action="store_true")
     p.add_argument("--config", type=Path)
     p.set_defaults(func=_cmd_doctor)

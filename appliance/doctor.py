@@ -1,0 +1,269 @@
+"""``appliance doctor``: a self-test an owner can run on the box.
+
+Default checks (CPU is enough): Python, the onnxruntime installation (never onnxruntime and onnxruntime-gpu
+together), engine backends and DICOM decoders (each with the reason it is unusable), the model manifest and
+the sha256 of every artifact, one real batch through the CPU engine on synthetic slices, and the thermometer.
+
+``--gpu``: NVML device facts, then the GPU engine for real: load the artifact on ``onnxruntime-cuda``, run
+synthetic batches, compare with the CPU reference and time it. (TensorRT has no backend in this release;
+the check says so rather than pretending.)
+
+``--thermal``: commissioning (appliance.commissioning): NVML latency and update period, step response and
+safe blind duty, with the GPU engine as the load. ``--sim`` runs it against the simulated plant instead.
+
+Exit code: 0 all checks pass, 1 a check failed. ``--json`` prints every check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Check", "run_doctor"]
+
+
+@dataclass
+class Check:
+    """One line of the report."""
+
+    name: str
+    ok: bool
+    detail: str
+    data: dict[str, Any] | None = None
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_runtime() -> list[Check]:
+    """Python and the onnxruntime distributions."""
+    checks = [Check("python", sys.version_info >= (3, 11), platform.python_version())]
+    cpu, gpu = _installed("onnxruntime"), _installed("onnxruntime-gpu")
+    if cpu and gpu:
+        checks.append(Check("onnxruntime", False, f"onnxruntime {cpu} and onnxruntime-gpu {gpu} are both installed: "
+                            "they shadow each other and only CPU providers remain; uninstall one"))
+    elif not (cpu or gpu):
+        checks.append(Check("onnxruntime", False, "not installed: pip install 'edge-appliance[cpu]' (or [gpu])"))
+    else:
+        checks.append(Check("onnxruntime", True, f"onnxruntime{'-gpu' if gpu else ''} {cpu or gpu}"))
+    return checks
+
+
+def check_backends() -> list[Check]:
+    """Engine backends and DICOM decoders."""
+    from appliance.dicom import decoder_report
+    from appliance.engines import backend_report
+
+    checks = []
+    for name, why in backend_report().items():
+        if name == "fake":
+            continue
+        # a missing GPU backend is information, not a failure, on a CPU box
+        checks.append(Check(f"engine {name}", why is None or "cuda" in name, why or "available"))
+    decoders = decoder_report()
+    missing = {uid: info for uid, info in decoders.items() if not info.get("available")}
+    detail = f"{len(decoders) - len(missing)}/{len(decoders)} transfer syntaxes decodable"
+    if missing:
+        detail += "; missing: " + "; ".join(f"{i.get('name', uid)}: {i.get('missing')}" for uid, i in missing.items())
+    checks.append(Check("dicom decoders", not missing, detail, {"decoders": decoders}))
+    return checks
+
+
+def _synthetic_batch(manifest: Any) -> tuple[np.ndarray, np.ndarray]:
+    from appliance import synthetic
+
+    b = manifest.input.batch_size
+    truths = [synthetic.generate_slice(1000 + i, nodule=bool(i % 2), size=512) for i in range(b)]
+    batch = np.stack([synthetic.model_input(t, manifest) for t in truths]).astype(np.float32)
+    return batch, np.array([t.has_nodule for t in truths])
+
+
+def check_model(config: Any) -> tuple[list[Check], Any]:
+    """Manifest, artifact integrity, and one batch on the CPU engine."""
+    from appliance.engines.onnxruntime import OrtCpuEngine
+    from appliance.errors import ApplianceError
+    from appliance.manifest import load_manifest
+
+    checks: list[Check] = []
+    try:
+        manifest = load_manifest(config.models_dir() / config.model.name / "model.toml")
+    except ApplianceError as e:
+        return [Check("model manifest", False, str(e))], None
+    checks.append(Check("model manifest", True, f"{manifest.name} {manifest.version}, input {list(manifest.input.shape)}"))
+    for precision, artifact in manifest.artifacts.items():
+        try:
+            artifact.verify()
+            checks.append(Check(f"artifact {precision}", True, f"{artifact.path.name} sha256 ok ({artifact.size_bytes} B)"))
+        except ApplianceError as e:
+            checks.append(Check(f"artifact {precision}", False, str(e)))
+    if OrtCpuEngine.why_unavailable() is None:
+        artifact = manifest.artifact(config.model.precision or None)
+        engine = OrtCpuEngine(manifest, artifact, {"intra_op_threads": config.engine.intra_op_threads})
+        try:
+            engine.load()
+            batch, labels = _synthetic_batch(manifest)
+            engine.run(batch)
+            t0 = time.perf_counter()
+            outputs = engine.run(batch)
+            ms = (time.perf_counter() - t0) * 1000
+            finite = all(np.isfinite(v).all() for v in outputs.values())
+            checks.append(Check("cpu engine", finite, f"{artifact.precision} on {engine.backend}: {ms:.1f} ms per batch "
+                                f"of {manifest.input.batch_size}, outputs {'finite' if finite else 'NOT finite'}"))
+        except ApplianceError as e:
+            checks.append(Check("cpu engine", False, str(e)))
+    return checks, manifest
+
+
+def check_thermometer() -> Check:
+    """Which thermometer "auto" finds."""
+    from appliance.thermometers import make_thermometer
+
+    therm = make_thermometer("auto")
+    try:
+        if not therm.available:
+            return Check("thermometer", True, f"none ({therm.why_unavailable}): governor disabled")
+        reading = therm.read()
+        return Check("thermometer", reading.error is None, f"{therm.name}: {reading.temp_c} °C, {reading.power_w} W")
+    finally:
+        therm.close()
+
+
+def check_gpu(config: Any, manifest: Any) -> list[Check]:
+    """NVML facts, the CUDA engine against the CPU reference, TensorRT status."""
+    from appliance.engines.onnxruntime import OrtCpuEngine, OrtCudaEngine
+    from appliance.errors import ApplianceError
+    from appliance.thermometers import NvmlThermometer
+
+    checks = []
+    nvml = NvmlThermometer()
+    if nvml.available:
+        pynvml = nvml.nvml
+        name = pynvml.nvmlDeviceGetName(nvml.handle)
+        checks.append(Check("nvml", True, f"{name}, driver {pynvml.nvmlSystemGetDriverVersion()}"))
+    else:
+        checks.append(Check("nvml", False, nvml.why_unavailable))
+    nvml.close()
+    why = OrtCudaEngine.why_unavailable()
+    if why is not None or manifest is None:
+        checks.append(Check("engine onnxruntime-cuda", False, why or "no model"))
+    else:
+        artifact = manifest.artifact(config.model.precision or None)
+        try:
+            gpu = OrtCudaEngine(manifest, artifact, {})
+            gpu.load()
+            cpu = OrtCpuEngine(manifest, artifact, {"intra_op_threads": 1})
+            cpu.load()
+            batch, _ = _synthetic_batch(manifest)
+            ref, got = cpu.run(batch), gpu.run(batch)
+            diff = max(float(np.max(np.abs(ref[k] - got[k]))) for k in ref)
+            for _ in range(3):
+                gpu.run(batch)
+            t0 = time.perf_counter()
+            runs = 20
+            for _ in range(runs):
+                gpu.run(batch)
+            ms = (time.perf_counter() - t0) * 1000 / runs
+            checks.append(Check("engine onnxruntime-cuda", diff < 0.02,
+                                f"{gpu.backend}: {ms:.2f} ms per batch; max |GPU - CPU| = {diff:.4g}"))
+        except ApplianceError as e:
+            checks.append(Check("engine onnxruntime-cuda", False, str(e)))
+    trt = _installed("tensorrt") or _installed("tensorrt-cu13") or _installed("tensorrt-cu12")
+    checks.append(Check("tensorrt", False, f"tensorrt {trt} installed, but this release has no TensorRT backend"
+                        if trt else "not installed, and this release has no TensorRT backend"))
+    return checks
+
+
+class _EngineLoad:
+    """``load(duty)`` for commissioning: runs real batches on a thread, paced to the duty."""
+
+    def __init__(self, engine: Any, batch: np.ndarray) -> None:
+        from appliance.batcher import Pacer
+        from appliance.clock import RealClock
+
+        self.engine, self.batch = engine, batch
+        self.pacer = Pacer(RealClock())
+        self.pacer.set_duty(0.0)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def __call__(self, duty: float) -> None:
+        self.pacer.set_duty(duty)
+
+    def _loop(self) -> None:
+        cost = 0.01
+        while not self.stop.is_set():
+            wait = self.pacer.delay(cost)
+            if wait > 0:
+                self.stop.wait(min(wait, 0.05))
+                continue
+            t0 = time.perf_counter()
+            self.engine.run(self.batch)
+            cost = time.perf_counter() - t0
+            self.pacer.consume(cost)
+
+
+def check_thermal(config: Any, manifest: Any, sim: bool, quick: bool) -> Check:
+    """Commissioning against NVML (with the GPU engine as load) or the simulated plant."""
+    from appliance.clock import RealClock
+    from appliance.commissioning import commission
+    from appliance.thermometers import SimulatedThermometer, make_thermometer
+
+    if sim:  # simulated time: the plant advances as the procedure sleeps, so this runs in seconds
+        from appliance.clock import ManualClock
+
+        sim_clock = ManualClock()
+        therm = make_thermometer("sim", clock=sim_clock)
+        assert isinstance(therm, SimulatedThermometer)
+        report = commission(therm, sim_clock, therm.note_busy, quick=quick)
+        return Check("thermal commissioning (simulated)", bool(report.get("ok")), json.dumps(report), report)
+    clock = RealClock()
+    therm = make_thermometer("auto")
+    if not therm.available:
+        return Check("thermal commissioning", False, f"needs an NVIDIA GPU: {therm.why_unavailable}")
+    from appliance.engines.onnxruntime import OrtCudaEngine
+
+    engine = OrtCudaEngine(manifest, manifest.artifact(config.model.precision or None), {})
+    engine.load()
+    batch, _ = _synthetic_batch(manifest)
+    load = _EngineLoad(engine, batch)
+    try:
+        report = commission(therm, clock, load, quick=quick)
+    finally:
+        load.stop.set()
+        therm.close()
+    return Check("thermal commissioning", bool(report.get("ok")), json.dumps(report), report)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Run the checks the flags ask for; print them; return 0 if all pass."""
+    from appliance.config import load_config
+
+    config = load_config(args.config)
+    checks = check_runtime() + check_backends()
+    model_checks, manifest = check_model(config)
+    checks += model_checks
+    checks.append(check_thermometer())
+    if args.gpu:
+        checks += check_gpu(config, manifest)
+    if args.thermal:
+        checks.append(check_thermal(config, manifest, getattr(args, "sim", False), getattr(args, "quick", False)))
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2, default=str))
+    else:
+        for c in checks:
+            print(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail if len(c.detail) < 300 else c.detail[:300] + '...'}")
+    return 0 if all(c.ok for c in checks) else 1

@@ -1,0 +1,130 @@
+"""The governor wired into the daemon: NVML (through the fake pynvml) -> controller -> pacer, status,
+health names and `appliance health` exit codes; the simulated plant via `serve --thermal sim`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from appliance import synthetic
+from appliance.cli import main as cli_main
+from appliance.clock import RealClock
+from appliance.fakes.fake_pynvml import FakePynvml
+from appliance.governor import Governor, ThermalConfig
+from appliance.notify import RecordingNotifier
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.thermal_control import ThermalController
+from appliance.thermometers import NvmlThermometer
+from tests.conftest import RunningApp, fake_config, write_fake_model
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    write_fake_model(d, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    return d
+
+
+def nvml_app(models_dir: Path, nvml: FakePynvml) -> RunningApp:
+    controller = ThermalController(NvmlThermometer(0, nvml), Governor(ThermalConfig()), clock=RealClock())
+    cfg = fake_config(models_dir, thermal={"sensor": "nvml", "period_s": 0.05})
+    return RunningApp(cfg, notifier=RecordingNotifier(), thermal=controller)
+
+
+def _health(target: str, name: str) -> int:
+    with grpc.insecure_channel(target) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status
+
+
+def _status(target: str) -> pb.Status:
+    with grpc.insecure_channel(target) as ch:
+        return pb_grpc.InferenceStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+
+
+def _until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def test_hot_gpu_throttles_and_health_warns(models_dir: Path, capsys) -> None:
+    nvml = FakePynvml(temperature=50, power_mw=30_000)  # idle draw
+    app = nvml_app(models_dir, nvml)
+    try:
+        _until(lambda: _status(app.target).thermal.temperature_c == 50)
+        status = _status(app.target)
+        assert status.thermal.enabled and status.state == "SERVING"
+        assert cli_main(["health", "--target", app.target]) == 0
+        nvml.temperature = 76  # over the setpoint and the guard: back off
+        _until(lambda: _status(app.target).thermal.duty < 0.99)
+        status = _status(app.target)
+        assert status.thermal.state in ("THROTTLING", "EMERGENCY")
+        assert status.state == "DEGRADED" and any("thermal" in r for r in status.degraded_reasons)
+        assert app.app.pacer.duty == pytest.approx(status.thermal.duty, abs=0.1)
+        assert _health(app.target, "appliance.v1.Inference") == health_pb2.HealthCheckResponse.SERVING
+        capsys.readouterr()
+        assert cli_main(["health", "--target", app.target]) == 1
+        assert "WARNING" in capsys.readouterr().out
+        _until(lambda: _status(app.target).thermal.seconds_above_limit > 0)
+    finally:
+        app.stop()
+
+
+def test_read_errors_go_blind_and_fail_the_thermal_health_name(models_dir: Path) -> None:
+    nvml = FakePynvml(temperature=60)
+    app = nvml_app(models_dir, nvml)
+    try:
+        _until(lambda: _status(app.target).thermal.temperature_c == 60)
+        nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_TIMEOUT
+        nvml.fail["nvmlDeviceGetTemperature"] = nvml.NVML_ERROR_TIMEOUT
+        _until(lambda: _status(app.target).thermal.state == "BLIND", 15)
+        status = _status(app.target)
+        assert status.thermal.sensor_errors > 0
+        assert status.thermal.duty <= ThermalConfig().blind_duty + 1e-6
+        _until(lambda: _health(app.target, "appliance.thermal") == health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert _health(app.target, "appliance.v1.Inference") == health_pb2.HealthCheckResponse.SERVING
+        assert cli_main(["health", "--target", app.target]) == 1
+    finally:
+        app.stop()
+
+
+def test_lost_gpu_stops_dispatch_and_not_serving(models_dir: Path) -> None:
+    nvml = FakePynvml(temperature=60)
+    app = nvml_app(models_dir, nvml)
+    try:
+        _until(lambda: _status(app.target).thermal.temperature_c == 60)
+        nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_GPU_IS_LOST
+        _until(lambda: _status(app.target).thermal.state == "STOPPED")
+        assert app.app.pacer.duty == 0.0
+        _until(lambda: _health(app.target, "appliance.v1.Inference") == health_pb2.HealthCheckResponse.NOT_SERVING)
+        with grpc.insecure_channel(app.target) as ch:
+            data = synthetic.to_dicom(synthetic.generate_slice(5, size=512))
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "thermal" in e.value.details()
+        assert cli_main(["health", "--target", app.target]) == 2
+    finally:
+        app.stop()
+
+
+def test_serve_thermal_sim_reports_the_plant(models_dir: Path) -> None:
+    cfg = fake_config(models_dir, thermal={"sensor": "sim", "period_s": 0.05})
+    app = RunningApp(cfg, notifier=RecordingNotifier())
+    try:
+        _until(lambda: _status(app.target).thermal.temperature_c > 0)
+        status = _status(app.target)
+        assert status.thermal.enabled and status.thermal.state in ("COOL", "REGULATING")
+        with grpc.insecure_channel(app.target) as ch:
+            data = synthetic.to_dicom(synthetic.generate_slice(6, size=512))
+            assert pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10).frames
+    finally:
+        app.stop()

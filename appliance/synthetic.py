@@ -5,7 +5,7 @@ model training, the tests and ``appliance bench``:
 
 * :func:`generate_slice` draws one axial chest slice in Hounsfield units: air, a body outline with a fat
   layer, ribs, spine, heart and aorta, two lungs at about -850 HU with a dependent density gradient and
-  texture, pulmonary vessels (round cross-sections up to ~3.5 mm and elongated branches, some wider near the
+  texture, pulmonary vessels (round cross-sections up to 3 mm and elongated branches, some wider near the
   hilum) as distractors, and 0-3 nodules of 4-30 mm (solid or sub-solid, slightly lobulated). A blur models
   the scanner's point spread and correlated Gaussian noise models quantum noise. The field of view (300-450
   mm), matrix size (512 typical, sometimes 256/384/640/768), dose and contrast vary.
@@ -358,7 +358,7 @@ def _render(
                 _paint_capsule(img, p, q, width / sp, blood * float(rng.uniform(0.8, 1.0)), within=lung_f)
         for _ in range(int(rng.integers(25, 90))):
             i = int(rng.integers(ly.size))
-            d_mm = float(rng.uniform(0.8, 3.5))
+            d_mm = float(rng.uniform(0.8, 3.0))
             if rng.random() < 0.5:  # obliquely cut vessel: a short ellipse
                 _paint_blob(img, float(ly[i]), float(lx[i]), d_mm / 2 / sp, blood * float(rng.uniform(0.7, 1.0)),
                             aspect=float(rng.uniform(0.3, 0.7)), angle=float(rng.uniform(0, math.pi)),
@@ -412,9 +412,13 @@ def _sample_nodule(
 
 
 def _nodule_params(rng: np.random.Generator, min_mm: float, max_mm: float) -> tuple[float, float]:
-    """(diameter mm log-uniform in [min, max], core HU: 75 % solid, 25 % sub-solid)."""
+    """(diameter mm log-uniform in [min, max], core HU).
+
+    Solid nodules are -50..100 HU; a quarter of the nodules of 6 mm or more are sub-solid (-500..-250 HU).
+    """
     d = float(math.exp(rng.uniform(math.log(min_mm), math.log(max_mm))))
-    hu = float(rng.uniform(-80.0, 90.0)) if rng.random() < 0.75 else float(rng.uniform(-550.0, -280.0))
+    subsolid = rng.random() < 0.25
+    hu = float(rng.uniform(-500.0, -250.0)) if subsolid and d >= 6.0 else float(rng.uniform(-50.0, 100.0))
     return d, hu
 
 

@@ -1,8 +1,8 @@
 """Composition root: builds the parts in data-path order, then start, warm-up, READY, drain, stop.
 
-    server (grpc.aio) -> dicom.parse -> pipeline (worker pool, into a slot) -> batcher -> engine (one thread)
-                      -> postprocess -> reply
-    side channels: health (gRPC health + sd_notify + GetStatus) · metrics · thermal controller -> pacer
+server (grpc.aio) -> dicom.parse -> pipeline (worker pool, into a slot) -> batcher -> engine (one thread)
+                  -> postprocess -> reply
+side channels: health (gRPC health + sd_notify + GetStatus) · metrics · thermal controller -> pacer
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from appliance import __version__, dicom
-from appliance.governor import Governor, ThermalConfig
 from appliance.batcher import Batcher, Pacer
 from appliance.clock import Clock, RealClock
 from appliance.config import Config, ThermalSection
 from appliance.engines import resolve
 from appliance.errors import ConfigError, Unavailable
-from appliance.health import INFERENCE_SERVICE, THERMAL_SERVICE, HealthState, ServiceState
+from appliance.governor import Governor, ThermalConfig
+from appliance.health import HealthState, ServiceState
 from appliance.manifest import load_manifest
 from appliance.metrics import Metrics
 from appliance.notify import Notifier, SystemdNotifier, Watchdog
@@ -65,7 +65,8 @@ class App:
         self.manifest = load_manifest(config.models_dir() / config.model.name / "model.toml")
         self.artifact = self.manifest.artifact(config.model.precision or None)
         self.pipelines = {
-            name: p for name, p in load_pipelines(config.pipelines_dir(), config.models_dir()).items()
+            name: p
+            for name, p in load_pipelines(config.pipelines_dir(), config.models_dir()).items()
             if p.model == self.manifest.name
         }
         self.default_pipeline = config.model.default_pipeline or self.manifest.name
@@ -224,7 +225,9 @@ class App:
             self.addresses.append(address if address.startswith("unix:") else _with_port(address, port))
         self.server = server
         await server.start()
-        log.info("listening on %s; loading %s (%s)", ", ".join(self.addresses), self.manifest.name, self.artifact.precision)
+        log.info(
+            "listening on %s; loading %s (%s)", ", ".join(self.addresses), self.manifest.name, self.artifact.precision
+        )
         for name, why in self.skipped_backends.items():
             log.info("engine backend %s skipped: %s", name, why)
         await asyncio.get_running_loop().run_in_executor(None, self.artifact.verify)
@@ -234,7 +237,10 @@ class App:
             raise self.batcher.start_error
         log.info(
             "engine ready: %s on %s, B=%d, %.1f ms/batch after warm-up",
-            self.artifact.precision, self.engine.backend, self.engine.batch_size, self.batcher.batch_s_estimate * 1e3,
+            self.artifact.precision,
+            self.engine.backend,
+            self.engine.batch_size,
+            self.batcher.batch_s_estimate * 1e3,
         )
         await self.health.set_serving()
         self._tasks.append(asyncio.create_task(self._thermal_loop(), name="thermal"))
@@ -303,9 +309,7 @@ class App:
         self.parse_executor.shutdown(wait=False, cancel_futures=True)
 
 
-def build_thermal(
-    section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False
-) -> ThermalController:
+def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:
     """Build the thermometer + governor + controller from ``[thermal]``; errors name the key.
 
     With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".

@@ -47,8 +47,14 @@ def _free_port() -> int:
 
 
 async def run_load(
-    target: str, files: list[bytes], *, concurrency: int, duration_s: float | None, requests: int | None,
-    pipeline: str = "", timeout_s: float = 30.0,
+    target: str,
+    files: list[bytes],
+    *,
+    concurrency: int,
+    duration_s: float | None,
+    requests: int | None,
+    pipeline: str = "",
+    timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Drive ``target`` with ``concurrency`` closed-loop clients; return throughput, latencies and errors."""
     options = [("grpc.max_send_message_length", 128 << 20), ("grpc.max_receive_message_length", 128 << 20)]
@@ -148,11 +154,25 @@ def _measure(args: argparse.Namespace, files: list[bytes], extra: list[str], log
     try:
         daemon.wait_serving()
         if args.warmup:  # let caches, the batch-time estimate and the thread pools settle
-            asyncio.run(run_load(daemon.target, files, concurrency=args.concurrency, duration_s=None,
-                                 requests=args.warmup, pipeline=args.pipeline))
+            asyncio.run(
+                run_load(
+                    daemon.target,
+                    files,
+                    concurrency=args.concurrency,
+                    duration_s=None,
+                    requests=args.warmup,
+                    pipeline=args.pipeline,
+                )
+            )
         return asyncio.run(
-            run_load(daemon.target, files, concurrency=args.concurrency, duration_s=args.duration,
-                     requests=args.requests, pipeline=args.pipeline)
+            run_load(
+                daemon.target,
+                files,
+                concurrency=args.concurrency,
+                duration_s=args.duration,
+                requests=args.requests,
+                pipeline=args.pipeline,
+            )
         )
     finally:
         daemon.stop()
@@ -195,8 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.target:
         report.update(
-            asyncio.run(run_load(args.target, files, concurrency=args.concurrency, duration_s=args.duration,
-                                 requests=args.requests, pipeline=args.pipeline))
+            asyncio.run(
+                run_load(
+                    args.target,
+                    files,
+                    concurrency=args.concurrency,
+                    duration_s=args.duration,
+                    requests=args.requests,
+                    pipeline=args.pipeline,
+                )
+            )
         )
         report["target"] = args.target
     else:

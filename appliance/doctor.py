@@ -53,8 +53,14 @@ def check_runtime() -> list[Check]:
     checks = [Check("python", sys.version_info >= (3, 11), platform.python_version())]
     cpu, gpu = _installed("onnxruntime"), _installed("onnxruntime-gpu")
     if cpu and gpu:
-        checks.append(Check("onnxruntime", False, f"onnxruntime {cpu} and onnxruntime-gpu {gpu} are both installed: "
-                            "they shadow each other and only CPU providers remain; uninstall one"))
+        checks.append(
+            Check(
+                "onnxruntime",
+                False,
+                f"onnxruntime {cpu} and onnxruntime-gpu {gpu} are both installed: "
+                "they shadow each other and only CPU providers remain; uninstall one",
+            )
+        )
     elif not (cpu or gpu):
         checks.append(Check("onnxruntime", False, "not installed: pip install 'edge-appliance[cpu]' (or [gpu])"))
     else:
@@ -102,11 +108,15 @@ def check_model(config: Any) -> tuple[list[Check], Any]:
         manifest = load_manifest(config.models_dir() / config.model.name / "model.toml")
     except ApplianceError as e:
         return [Check("model manifest", False, str(e))], None
-    checks.append(Check("model manifest", True, f"{manifest.name} {manifest.version}, input {list(manifest.input.shape)}"))
+    checks.append(
+        Check("model manifest", True, f"{manifest.name} {manifest.version}, input {list(manifest.input.shape)}")
+    )
     for precision, artifact in manifest.artifacts.items():
         try:
             artifact.verify()
-            checks.append(Check(f"artifact {precision}", True, f"{artifact.path.name} sha256 ok ({artifact.size_bytes} B)"))
+            checks.append(
+                Check(f"artifact {precision}", True, f"{artifact.path.name} sha256 ok ({artifact.size_bytes} B)")
+            )
         except ApplianceError as e:
             checks.append(Check(f"artifact {precision}", False, str(e)))
     if OrtCpuEngine.why_unavailable() is None:
@@ -120,8 +130,14 @@ def check_model(config: Any) -> tuple[list[Check], Any]:
             outputs = engine.run(batch)
             ms = (time.perf_counter() - t0) * 1000
             finite = all(np.isfinite(v).all() for v in outputs.values())
-            checks.append(Check("cpu engine", finite, f"{artifact.precision} on {engine.backend}: {ms:.1f} ms per batch "
-                                f"of {manifest.input.batch_size}, outputs {'finite' if finite else 'NOT finite'}"))
+            checks.append(
+                Check(
+                    "cpu engine",
+                    finite,
+                    f"{artifact.precision} on {engine.backend}: {ms:.1f} ms per batch "
+                    f"of {manifest.input.batch_size}, outputs {'finite' if finite else 'NOT finite'}",
+                )
+            )
         except ApplianceError as e:
             checks.append(Check("cpu engine", False, str(e)))
     return checks, manifest
@@ -176,13 +192,25 @@ def check_gpu(config: Any, manifest: Any) -> list[Check]:
             for _ in range(runs):
                 gpu.run(batch)
             ms = (time.perf_counter() - t0) * 1000 / runs
-            checks.append(Check("engine onnxruntime-cuda", diff < 0.02,
-                                f"{gpu.backend}: {ms:.2f} ms per batch; max |GPU - CPU| = {diff:.4g}"))
+            checks.append(
+                Check(
+                    "engine onnxruntime-cuda",
+                    diff < 0.02,
+                    f"{gpu.backend}: {ms:.2f} ms per batch; max |GPU - CPU| = {diff:.4g}",
+                )
+            )
         except ApplianceError as e:
             checks.append(Check("engine onnxruntime-cuda", False, str(e)))
     trt = _installed("tensorrt") or _installed("tensorrt-cu13") or _installed("tensorrt-cu12")
-    checks.append(Check("tensorrt", False, f"tensorrt {trt} installed, but this release has no TensorRT backend"
-                        if trt else "not installed, and this release has no TensorRT backend"))
+    checks.append(
+        Check(
+            "tensorrt",
+            False,
+            f"tensorrt {trt} installed, but this release has no TensorRT backend"
+            if trt
+            else "not installed, and this release has no TensorRT backend",
+        )
+    )
     return checks
 
 
@@ -265,5 +293,7 @@ def run_doctor(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(c) for c in checks], indent=2, default=str))
     else:
         for c in checks:
-            print(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail if len(c.detail) < 300 else c.detail[:300] + '...'}")
+            print(
+                f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail if len(c.detail) < 300 else c.detail[:300] + '...'}"
+            )
     return 0 if all(c.ok for c in checks) else 1

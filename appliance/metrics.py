@@ -68,7 +68,9 @@ class Metrics(BatchObserver):
     def __init__(self, window: int = 2048) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("appliance_requests", "Analyze requests by final gRPC status code", ["code"], registry=r)
+        self.requests = Counter(
+            "appliance_requests", "Analyze requests by final gRPC status code", ["code"], registry=r
+        )
         self.rejections = Counter(
             "appliance_rejections", "Admissions refused at once, by reason", ["reason"], registry=r
         )
@@ -78,7 +80,9 @@ class Metrics(BatchObserver):
         self.stage_seconds = Histogram(
             "appliance_stage_duration_seconds", "Per-stage latency", ["stage"], buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.batch_fill_ratio = Gauge("appliance_batch_fill_ratio", "Mean real items per batch / B (window)", registry=r)
+        self.batch_fill_ratio = Gauge(
+            "appliance_batch_fill_ratio", "Mean real items per batch / B (window)", registry=r
+        )
         self.queue_depth = Gauge("appliance_queue_depth", "Frames admitted and not yet launched", registry=r)
         self.queue_capacity = Gauge("appliance_queue_capacity", "Inbox slots", registry=r)
         self.up = Gauge("appliance_serving", "1 while SERVING, else 0", registry=r)

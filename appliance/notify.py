@@ -26,7 +26,6 @@ import socket
 import struct
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass

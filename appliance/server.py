@@ -151,7 +151,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     @staticmethod
     def _unexpected(e: Exception) -> ApplianceError:
-        log.exception("unexpected error in Analyze")
+        log.error("unexpected error in Analyze", exc_info=e)
         return ApplianceError(f"internal error: {type(e).__name__}")
 
     # ---- RPCs -------------------------------------------------------------------------------------------
@@ -199,14 +199,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 self._finish(grpc.StatusCode.OK, t0, response)
             except ApplianceError as e:
                 self._finish(e.code, t0)
-                response = pb.AnalyzeResponse(request_id=rid, status=pb.ItemStatus(code=e.code.value[0], message=str(e)))
+                item_status = pb.ItemStatus(code=e.code.value[0], message=str(e))
+                response = pb.AnalyzeResponse(request_id=rid, status=item_status)
             except asyncio.CancelledError:
                 self._finish(grpc.StatusCode.CANCELLED, t0)
                 raise
             except Exception as e:  # noqa: BLE001
                 err = self._unexpected(e)
                 self._finish(err.code, t0)
-                response = pb.AnalyzeResponse(request_id=rid, status=pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err)))
+                item_status = pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err))
+                response = pb.AnalyzeResponse(request_id=rid, status=item_status)
             finally:
                 window.release()
             await out.put(response)

@@ -404,7 +404,9 @@ def _open_loop(profile: Profile, plant: PlantParams | None, duty: float, track_c
     return p.max_tj, done / max(want, 1e-9)
 
 
-def best_constant_duty(profile: Profile, plant: PlantParams | None = None, limit_c: float = 75.0) -> tuple[float, float]:
+def best_constant_duty(
+    profile: Profile, plant: PlantParams | None = None, limit_c: float = 75.0
+) -> tuple[float, float]:
     """Return (duty, served) of the largest constant duty that keeps the true die <= limit all day."""
     lo, hi = 0.0, 1.0
     if _open_loop(profile, plant, 1.0, None, limit_c, True)[0] <= limit_c:

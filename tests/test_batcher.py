@@ -63,7 +63,7 @@ def test_full_batch_then_padded_partial(fake_manifest, stop_list):
     assert sum(engine.real_rows()) == 6
     assert engine.real_rows()[-1] < 4  # the last batch was padded...
     last = engine.batches[-1].reshape(4, -1)
-    assert not last[engine.real_rows()[-1]:].any()  # ...with explicit zero rows
+    assert not last[engine.real_rows()[-1] :].any()  # ...with explicit zero rows
 
 
 def test_multiframe_request_gathers_all_frames(fake_manifest, stop_list):

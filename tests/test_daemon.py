@@ -38,7 +38,7 @@ listen = ["127.0.0.1:{port}", "unix:{tmp_path}/grpc.sock"]
 grace_s = 5.0
 [model]
 models_dir = "{models}"
-pipelines_dir = "{REPO / 'pipelines'}"
+pipelines_dir = "{REPO / "pipelines"}"
 [engine]
 backend = "fake"
 warmup_runs = 1
@@ -55,7 +55,9 @@ def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) ->
     env.pop("WATCHDOG_PID", None)
     return subprocess.Popen(
         [sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -112,7 +114,9 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path: Path, bad: str) -> None:
     cfg.write_text(bad)
     proc = subprocess.run(
         [sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1
     assert "batcher.max_wiat_s" in proc.stderr

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pydicom
 import pytest
+from dicom_testkit import SECRET, any_grey_pipeline, make_dataset, to_bytes
 from PIL import Image
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset
@@ -27,7 +28,6 @@ from pydicom.uid import (
 from appliance import dicom
 from appliance.dicom import DECODER_PLUGINS, NATIVE, DicomLimits, decoder_report, parse
 from appliance.errors import DicomError, InputError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
-from dicom_testkit import SECRET, any_grey_pipeline, make_dataset, to_bytes
 
 
 def _testdata(name: str) -> bytes:

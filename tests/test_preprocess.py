@@ -9,6 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dicom_testkit import (
+    CT_PIPELINE_TOML,
+    REPO,
+    any_grey_pipeline,
+    ct_pipeline,
+    make_dataset,
+    to_bytes,
+    write_manifest,
+    write_pipeline,
+)
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset
 from pydicom.uid import JPEGLSNearLossless
@@ -22,16 +32,6 @@ from appliance.preprocess import (
     load_pipelines,
     resize_area,
     window_to_unit,
-)
-from dicom_testkit import (
-    CT_PIPELINE_TOML,
-    REPO,
-    any_grey_pipeline,
-    ct_pipeline,
-    make_dataset,
-    to_bytes,
-    write_manifest,
-    write_pipeline,
 )
 
 

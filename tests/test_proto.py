@@ -19,8 +19,14 @@ def test_stubs_are_current(tmp_path: Path) -> None:
     (tmp_path / PROTO.parent).mkdir(parents=True)
     shutil.copy(REPO / PROTO, tmp_path / PROTO)
     rc = grpc_tools.main(
-        ["protoc", f"-I{tmp_path}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}",
-         f"--grpc_python_out={tmp_path}", str(tmp_path / PROTO)]
+        [
+            "protoc",
+            f"-I{tmp_path}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            str(tmp_path / PROTO),
+        ]
     )
     assert rc == 0
     for name in GENERATED:

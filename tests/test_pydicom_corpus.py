@@ -13,11 +13,11 @@ import pathlib
 import numpy as np
 import pydicom
 import pytest
+from dicom_testkit import any_grey_pipeline, ct_pipeline
 
 from appliance.dicom import parse
 from appliance.errors import DicomError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
 from appliance.preprocess import Pipeline
-from dicom_testkit import any_grey_pipeline, ct_pipeline
 
 TEST_FILES = pathlib.Path(pydicom.data.__file__).parent / "test_files"
 FILES = sorted(p for p in TEST_FILES.rglob("*") if p.is_file())

@@ -73,8 +73,9 @@ def test_analyze_one_slice(stub, slice_bytes) -> None:
     assert len(reply.frames) == 1
     frame = reply.frames[0]
     # the fake engine's score is the mean model input: check it against the contract computed independently
-    expected = float(synthetic.model_input(synthetic.generate_slice(11, nodule=True, size=512),
-                                           running_manifest_preprocess()).mean())
+    expected = float(
+        synthetic.model_input(synthetic.generate_slice(11, nodule=True, size=512), running_manifest_preprocess()).mean()
+    )
     assert frame.findings[0].score == pytest.approx(expected, abs=1e-5)
     assert {f.label for f in frame.findings} == {"nodule", "no_nodule"}
     assert frame.HasField("location") and 0 <= frame.location.row < 512 and 0 <= frame.location.column < 512
@@ -268,8 +269,10 @@ def test_dead_engine_flips_health(models_dir, slice_bytes) -> None:
             assert e.value.code() == grpc.StatusCode.INTERNAL
             health = health_pb2_grpc.HealthStub(ch)
             _wait(
-                lambda: health.Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference")).status
-                == health_pb2.HealthCheckResponse.NOT_SERVING,
+                lambda: (
+                    health.Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference")).status
+                    == health_pb2.HealthCheckResponse.NOT_SERVING
+                ),
                 5,
             )
             assert cli_main(["health", "--target", app.target]) == 2

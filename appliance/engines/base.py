@@ -70,9 +70,7 @@ class Engine(abc.ABC):
         """Run one full ``[B, ...]`` float32 batch and return outputs by name (first dim B)."""
         expected = (self.batch_size, *self.item_shape)
         if batch.shape != expected or batch.dtype != np.float32:
-            raise EngineError(
-                f"engine input must be float32 {list(expected)}, got {batch.dtype} {list(batch.shape)}"
-            )
+            raise EngineError(f"engine input must be float32 {list(expected)}, got {batch.dtype} {list(batch.shape)}")
         outputs = self._run(batch)
         for key, value in outputs.items():
             if value.shape[:1] != (self.batch_size,):

@@ -260,6 +260,43 @@ def test_drain_finishes_inflight_and_refuses_new(models_dir, slice_bytes) -> Non
     assert app.app.notifier.messages.index("READY=1") < app.app.notifier.messages.index("STOPPING=1")
 
 
+def test_not_serving_until_warm(models_dir, slice_bytes) -> None:
+    import asyncio
+
+    from appliance.app import App
+
+    gate = threading.Event()
+    notifier = RecordingNotifier()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    app = App(fake_config(models_dir), notifier=notifier, engine_options={"load_gate": gate})
+    starting = asyncio.run_coroutine_threadsafe(app.start(), loop)
+    try:
+        _wait(lambda: bool(app.addresses) and app.server is not None, 10)
+        target = app.addresses[0]
+        with grpc.insecure_channel(target) as ch:
+            grpc.channel_ready_future(ch).result(timeout=10)
+            health = health_pb2_grpc.HealthStub(ch)
+            for name in ("", "appliance.v1.Inference"):
+                r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+                assert r.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "READY=1" not in notifier.messages
+            gate.set()
+            starting.result(30)
+            r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+            assert "READY=1" in notifier.messages
+    finally:
+        gate.set()
+        asyncio.run_coroutine_threadsafe(app.stop(1.0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
 def test_dead_engine_flips_health(models_dir, slice_bytes) -> None:
     app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier(), engine_options={"dead_after": 0})
     try:

@@ -24,7 +24,8 @@ class FakeEngine(Engine):
     """Fixed-batch fake. Options: ``latency_s`` (per batch, slept on the given clock), ``clock``,
     ``fail_batches`` (set of batch numbers that raise EngineError), ``dead_after`` (batch number from which
     EngineDeadError is raised), ``hang`` (a threading.Event: run blocks until it is set), ``hang_after``
-    (batch number from which run blocks forever, like a hung device call)."""
+    (batch number from which run blocks forever, like a hung device call), ``load_gate`` (a threading.Event
+    that load() waits for, like a slow engine build)."""
 
     name = "fake"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
@@ -37,6 +38,7 @@ class FakeEngine(Engine):
         self.dead_after: int | None = self.options.get("dead_after")
         self.hang: threading.Event | None = self.options.get("hang")
         self.hang_after: int | None = self.options.get("hang_after")  # block forever from this batch on
+        self.load_gate: threading.Event | None = self.options.get("load_gate")  # load() waits for it
         self.batches: list[np.ndarray] = []  # copies of every batch run (warm-up excluded)
         self.loaded = False
         self._warming = False
@@ -47,7 +49,9 @@ class FakeEngine(Engine):
         return "fake"
 
     def load(self) -> None:
-        """Nothing to load."""
+        """Nothing to load (waits for ``load_gate`` if given, like a slow engine build)."""
+        if self.load_gate is not None:
+            self.load_gate.wait()
         self.loaded = True
 
     def warmup(self, runs: int = 2) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +102,8 @@ class App:
             config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name
         )
         self.parse_executor = ThreadPoolExecutor(1, thread_name_prefix="parse")
+        self._thermal_executor = ThreadPoolExecutor(1, thread_name_prefix="thermal")
+        self.thermal_stopped = False  # the GPU was lost: terminal until systemd restarts us
         self.health: HealthState | None = None
         self.server: grpc.aio.Server | None = None
         self.addresses: list[str] = []
@@ -232,7 +235,8 @@ class App:
             log.info("engine backend %s skipped: %s", name, why)
         await asyncio.get_running_loop().run_in_executor(None, self.artifact.verify)
         ready = self.batcher.start(self.config.engine.warmup_runs)
-        await asyncio.get_running_loop().run_in_executor(None, ready.wait)
+        while not ready.is_set():  # polled, so a SIGTERM during a long load/build is not held up
+            await asyncio.sleep(0.05)
         if self.batcher.start_error is not None:
             raise self.batcher.start_error
         log.info(
@@ -247,7 +251,7 @@ class App:
         if self.notifier.watchdog_interval_s:
             watchdog = Watchdog(
                 self.notifier,
-                heartbeat=lambda: self.batcher.heartbeat,
+                heartbeat=self._heartbeat,
                 clock_monotonic=self.clock.monotonic,
                 max_staleness_s=max(self.notifier.watchdog_interval_s, 0.5),
             )
@@ -259,20 +263,31 @@ class App:
             start_http_server(int(port), addr=host or "127.0.0.1", registry=self.metrics.registry)
 
     async def _thermal_loop(self) -> None:
+        """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.
+
+        STOPPED (GPU lost) is terminal: queued work is answered UNAVAILABLE and the watchdog stops, so
+        systemd restarts the service. EMERGENCY is temporary: queued work is answered, NOT_SERVING until the
+        governor recovers.
+        """
+        assert self.health is not None
+        loop = asyncio.get_running_loop()
         period = self.config.thermal.period_s
         while True:
-            try:
-                self.thermal.tick()
-            except Exception:  # a bug in a sensor path must not stop pacing silently
-                log.exception("thermal tick failed")
+            if self.thermal.enabled:
+                await loop.run_in_executor(self._thermal_executor, self.thermal.tick_safely)
             snap = self.thermal.snapshot()
             self.pacer.set_duty(self.thermal.duty)
             self.metrics.observe_thermal(snap)
-            assert self.health is not None
             await self.health.set_thermal(snap.state not in ("BLIND", "STOPPED", "EMERGENCY"))
-            if not self.thermal.serving and self.health.state == ServiceState.SERVING:
-                await self.health.set_not_serving(f"thermal {snap.state.lower()}: {snap.reason}")
-            elif self.thermal.serving and self.health.state == ServiceState.NOT_SERVING and self.batcher.dead is None:
+            if not self.thermal.serving:
+                if snap.state == "STOPPED" and not self.thermal_stopped:
+                    self.thermal_stopped = True
+                    log.critical("GPU lost: dispatch stopped; the watchdog will let systemd restart the service")
+                if self.health.state == ServiceState.SERVING:
+                    await self.health.set_not_serving(f"thermal {snap.state.lower()}: {snap.reason}")
+                pause = Unavailable(f"thermal {snap.state.lower()}: dispatch paused", reason="THERMAL_PAUSE")
+                self.batcher.fail_pending(pause)
+            elif self.health.state == ServiceState.NOT_SERVING and self.batcher.dead is None:
                 if self.health.reason.startswith("thermal"):
                     await self.health.set_serving()
             queue = self.batcher.statistics()
@@ -280,6 +295,12 @@ class App:
             self.metrics.queue_capacity.set(queue.capacity)
             self.metrics.up.set(1 if self.health.state == ServiceState.SERVING else 0)
             await asyncio.sleep(period if snap.enabled else max(period, 1.0))
+
+    def _heartbeat(self) -> float:
+        """The engine thread's last sign of progress; never fresh after the GPU is lost or the engine died."""
+        if self.thermal_stopped or self.batcher.dead is not None:
+            return -math.inf
+        return self.batcher.heartbeat
 
     def _engine_dead(self, error: Exception) -> None:
         loop = self._loop
@@ -304,9 +325,11 @@ class App:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await loop.run_in_executor(None, self.batcher.stop, 2.0)
-        self.engine.close()
+        if not self.batcher.engine_thread_alive:  # the engine is only ever touched by its own thread
+            self.engine.close()
         self.thermal.close()
         self.parse_executor.shutdown(wait=False, cancel_futures=True)
+        self._thermal_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:

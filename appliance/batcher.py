@@ -19,7 +19,6 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,13 +27,15 @@ from appliance.clock import Clock, RealClock
 from appliance.engines.base import Engine
 from appliance.errors import (
     ApplianceError,
+    ConfigError,
+    DeadlineExceeded,
     EngineDeadError,
     EngineError,
     LimitExceeded,
     Overloaded,
     Unavailable,
 )
-from appliance.work import ItemState, Request, WorkItem
+from appliance.work import ItemState, Priority, Request, WorkItem
 
 __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 
@@ -162,7 +163,6 @@ class Batcher:
         clock: Clock | None = None,
         pacer: Pacer | None = None,
         observer: BatchObserver | None = None,
-        executor: Executor | None = None,
         on_engine_dead: Callable[[EngineDeadError], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -174,16 +174,16 @@ class Batcher:
         self.batch_size = engine.batch_size
         cap = self.config.queue_capacity
         if cap < self.batch_size:
-            raise ValueError(f"batcher.queue_capacity ({cap}) must be >= the batch size ({self.batch_size})")
+            raise ConfigError(f"batcher.queue_capacity ({cap}) must be >= the model's batch size ({self.batch_size})")
         self._arena = np.zeros((cap, *engine.item_shape), dtype=np.float32)
         self._batch = np.zeros((self.batch_size, *engine.item_shape), dtype=np.float32)
         self._free: collections.deque[int] = collections.deque(range(cap))
         self._ready: list[WorkItem] = []
         self._cond = threading.Condition()
-        self._own_executor = executor is None and self.config.overlap
-        self._executor: Executor | None = executor
-        if self._own_executor:
-            self._executor = ThreadPoolExecutor(self.config.preprocess_workers, thread_name_prefix="preprocess")
+        # frames waiting for a preprocessing worker, one queue per priority: INTERACTIVE is taken first
+        self._pending: dict[Priority, collections.deque[WorkItem]] = {p: collections.deque() for p in Priority}
+        self._requests: set[Request] = set()  # admitted requests with unfinished frames
+        self._workers: list[threading.Thread] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._accepting = True
@@ -194,6 +194,12 @@ class Batcher:
         self._peak = 0
         self._rejected = 0
         self._unfinished = 0  # admitted frames not yet finished (running ones included)
+        self._running: list[WorkItem] = []  # the batch on the engine now (engine thread only)
+        if self.config.overlap:
+            for i in range(self.config.preprocess_workers):
+                worker = threading.Thread(target=self._worker, name=f"preprocess-{i}", daemon=True)
+                worker.start()
+                self._workers.append(worker)
 
     # ---- admission (server threads / event loop) -------------------------------------------------------
 
@@ -253,16 +259,15 @@ class Batcher:
             for item in request.items:
                 item.slot = self._free.popleft()
             self._unfinished += n
+            self._requests.add(request)
             self._peak = max(self._peak, cap - len(self._free))
-            if not self.config.overlap:
+            if self.config.overlap:
+                self._pending[request.priority].extend(request.items)
+            else:
                 for item in request.items:
                     item.t_ready = now
                     self._ready.append(item)
-                self._cond.notify_all()
-        if self.config.overlap:
-            assert self._executor is not None
-            for item in request.items:
-                self._executor.submit(self._preprocess, item)
+            self._cond.notify_all()
 
     def _reject(self, reason: str) -> None:
         with self._cond:
@@ -282,6 +287,8 @@ class Batcher:
                     continue
                 if item.state == ItemState.READY or (item.state == ItemState.ADMITTED and not self.config.overlap):
                     self._ready.remove(item)
+                elif item.state == ItemState.ADMITTED:
+                    self._pending[request.priority].remove(item)
                 if item.state != ItemState.PREPROCESSING:
                     self._release(item)
                 item.state = ItemState.CANCELLED
@@ -307,16 +314,30 @@ class Batcher:
             item.preprocess_ms = (self.clock.monotonic() - t0) * 1000.0
         return None
 
+    def _worker(self) -> None:
+        """A preprocessing worker: INTERACTIVE frames first, then BATCH, oldest first within a class."""
+        while True:
+            with self._cond:
+                while not (self._stopping or any(self._pending.values())):
+                    self._cond.wait()
+                queue = next((q for q in self._pending.values() if q), None)
+                if queue is None:  # stopping and nothing left
+                    return
+                item = queue.popleft()
+                item.state = ItemState.PREPROCESSING
+            self._preprocess(item)
+
     def _preprocess(self, item: WorkItem) -> None:
-        with self._cond:
-            if item.state != ItemState.ADMITTED:
-                return
-            item.state = ItemState.PREPROCESSING
         error = self._preprocess_into_slot(item)
         finish = False
         with self._cond:
             if item.state == ItemState.CANCELLED:
                 self._release(item)  # cancel left the slot to us; already counted as finished
+            elif self.dead is not None:  # nobody will ever run it: answer now
+                self._release(item)
+                item.state = ItemState.FAILED
+                item.error = Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD")
+                finish = True
             elif error is not None:
                 self._release(item)
                 item.state = ItemState.FAILED
@@ -371,11 +392,21 @@ class Batcher:
             item.slot = -1
 
     def _finish(self, item: WorkItem) -> None:
+        """Count a frame as finished and, after its request's last frame, answer the request. Never raises:
+        a failing observer or callback must not keep other requests from being answered."""
         with self._cond:
             self._unfinished -= 1
+            if all(i.state.finished for i in item.request.items):
+                self._requests.discard(item.request)
             self._cond.notify_all()
-        self.observer.on_item(item)
-        item.request.item_finished()
+        try:
+            self.observer.on_item(item)
+        except Exception as e:  # noqa: BLE001 - metrics must never cost a reply
+            log.error("batch observer failed on %r", item, exc_info=e)
+        try:
+            item.request.item_finished()
+        except Exception as e:  # noqa: BLE001 - the request's own callback failed; nothing more to do for it
+            log.error("completion callback failed for %r", item.request, exc_info=e)
 
     def _expire(self, now: float) -> list[WorkItem]:
         expired = [i for i in self._ready if i.request.deadline is not None and now > i.request.deadline]
@@ -383,7 +414,7 @@ class Batcher:
             self._ready.remove(item)
             self._release(item)
             item.state = ItemState.EXPIRED
-            item.error = Unavailable("deadline passed before the frame was computed", reason="DEADLINE")
+            item.error = DeadlineExceeded("deadline passed before the frame was computed")
         return expired
 
     def _choose(self, now: float) -> tuple[list[WorkItem] | None, float]:
@@ -408,6 +439,18 @@ class Batcher:
         return None, max_wait - waited
 
     def _loop(self) -> None:
+        try:
+            self._loop_body()
+        except Exception as e:  # a bug on the engine thread: nothing would ever run again, so say so loudly
+            log.critical("engine thread failed", exc_info=e)
+            error = EngineDeadError(f"engine thread failed: {type(e).__name__}: {e}")
+            for item in self._running:
+                if not item.state.finished:
+                    item.state, item.error = ItemState.FAILED, error
+                    self._finish(item)
+            self._die(error)
+
+    def _loop_body(self) -> None:
         while True:
             with self._cond:
                 now = self.clock.monotonic()
@@ -437,6 +480,7 @@ class Batcher:
             items = [i for i in items if i not in failed]
             if not items:
                 return
+        self._running = items
         n = len(items)
         np.take(self._arena, [i.slot for i in items], axis=0, out=self._batch[:n])
         self._batch[n:] = 0.0  # explicit padding rows; their outputs are dropped below
@@ -479,24 +523,44 @@ class Batcher:
         return True
 
     def _fail_batch(self, items: list[WorkItem], error: EngineError) -> None:
-        if isinstance(error, EngineDeadError):
-            log.critical("engine dead: %s", error)
-            self.dead = error
-            with self._cond:
-                self._accepting = False
-        else:
+        if not isinstance(error, EngineDeadError):
             log.error("batch failed: %s", error)
         for item in items:
             item.state = ItemState.FAILED
             item.error = error
             self._finish(item)
-        if self.dead is not None:
-            with self._cond:
-                leftovers = list(self._ready)
-            for req in {id(i.request): i.request for i in leftovers}.values():
-                self.cancel(req, Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD"))
-            if self.on_engine_dead is not None:
-                self.on_engine_dead(error)
+        if isinstance(error, EngineDeadError):
+            self._die(error)
+
+    def _die(self, error: EngineDeadError) -> None:
+        """The engine can run nothing more: refuse new work, answer every admitted frame, tell the app."""
+        log.critical("engine dead: %s", error)
+        with self._cond:
+            self.dead = error
+            self._accepting = False
+            requests = list(self._requests)
+        self.fail_pending(Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD"), requests)
+        if self.on_engine_dead is not None:
+            self.on_engine_dead(error)
+
+    def fail_pending(self, error: ApplianceError, requests: list[Request] | None = None) -> int:
+        """Answer every admitted frame that is not in a running batch with ``error``; return how many.
+
+        Used when nothing will run for a long time (engine dead, thermal stop): an admitted request is
+        answered, never left waiting. Frames a worker is writing are answered when the worker returns.
+        """
+        with self._cond:
+            targets = list(self._requests) if requests is None else requests
+            before = self._unfinished
+        for request in targets:
+            self.cancel(request, error)
+        with self._cond:
+            return max(0, before - self._unfinished)
+
+    @property
+    def engine_thread_alive(self) -> bool:
+        """True while the engine thread runs (loading, warming up or looping)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop_accepting(self) -> None:
         """Refuse new requests (UNAVAILABLE) from now on; admitted work continues."""
@@ -523,5 +587,5 @@ class Batcher:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self._own_executor and self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        for worker in self._workers:
+            worker.join(timeout_s)

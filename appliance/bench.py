@@ -145,6 +145,9 @@ class _Daemon:
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
         finally:
             self.log.close()
 

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,25 @@ def _channel_target(target: str) -> str:
     return target
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def _cmd_health(args: argparse.Namespace) -> int:
+    try:
+        return _health(args)
+    except Exception as e:  # noqa: BLE001 - Nagios contract: anything unexpected is UNKNOWN, never WARNING
+        print(f"EDGE-APPLIANCE UNKNOWN: {type(e).__name__}: {e}")
+        return UNKNOWN
+
+
+def _health(args: argparse.Namespace) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -264,7 +283,7 @@ def _parser() -> _Parser:
     p.error_code = UNKNOWN  # type: ignore[attr-defined]
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET})")
     p.add_argument("--json", action="store_true", help="print the full status as JSON")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds per call")
+    p.add_argument("--timeout", type=_positive_seconds, default=2.0, help="seconds per call")
     p.set_defaults(func=_cmd_health)
 
     p = sub.add_parser("analyze", help="send DICOM files to a running daemon and print findings and timings")

@@ -8,6 +8,7 @@ See ``systemd/appliance.toml.example`` for a documented file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -123,7 +124,9 @@ class Config:
 
 def _coerce(value: Any, typ: Any, key: str) -> Any:
     origin = typing.get_origin(typ)
-    if typ is float and isinstance(value, int | float) and not isinstance(value, bool):
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"config key {key} must be a finite number, got {type(value).__name__} {value!r}")
         return float(value)
     if origin is tuple:
         if not isinstance(value, list | tuple):
@@ -158,6 +161,9 @@ def _validate(cfg: Config) -> None:
     checks = [
         (cfg.server.max_message_bytes > 0, "server.max_message_bytes must be > 0"),
         (cfg.server.grace_s >= 0, "server.grace_s must be >= 0"),
+        (cfg.server.default_deadline_s >= 0, "server.default_deadline_s must be >= 0"),
+        (cfg.metrics.window >= 1, "metrics.window must be >= 1"),
+        (cfg.engine.warmup_runs >= 0, "engine.warmup_runs must be >= 0"),
         (len(cfg.server.listen) > 0, "server.listen must name at least one address"),
         (cfg.batcher.max_wait_s >= 0, "batcher.max_wait_s must be >= 0"),
         (cfg.batcher.queue_capacity >= 1, "batcher.queue_capacity must be >= 1"),

@@ -11,6 +11,7 @@
     ├── NotApplicable                   (FAILED_PRECONDITION) valid DICOM the pipeline cannot use (RT Plan, SR)
     ├── Overloaded                      (RESOURCE_EXHAUSTED) inbox full / deadline cannot be met; retry later
     ├── Unavailable                     (UNAVAILABLE)        warming up, draining, thermal stop; retry later
+    ├── DeadlineExceeded                (DEADLINE_EXCEEDED)  the deadline passed before the frame was computed
     ├── ConfigError                     (startup only)       a config key is wrong; names the key
     ├── ManifestError                   (startup only)       model.toml is wrong; names file and key
     │   └── ArtifactIntegrityError      (startup only)       artifact missing or sha256 mismatch; names the file
@@ -31,6 +32,7 @@ __all__ = [
     "ArtifactIntegrityError",
     "BackendUnavailable",
     "ConfigError",
+    "DeadlineExceeded",
     "DicomError",
     "EngineDeadError",
     "EngineError",
@@ -101,9 +103,9 @@ class Overloaded(ApplianceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "QUEUE_FULL"
 
-    def __init__(self, message: str, retry_after_s: float = 0.1, reason: str | None = None) -> None:
+    def __init__(self, message: str, retry_after_s: float | None = 0.1, reason: str | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = retry_after_s  # None: retrying cannot help (e.g. a message over the size limit)
         if reason:
             self.reason = reason
 
@@ -118,6 +120,13 @@ class Unavailable(ApplianceError):
         super().__init__(message)
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(ApplianceError):
+    """The request's deadline passed while it waited; it was never computed."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "DEADLINE_EXCEEDED"
 
 
 class ConfigError(ApplianceError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -53,6 +53,29 @@ def error_status(error: ApplianceError) -> status_pb2.Status:
     return status_pb2.Status(code=error.code.value[0], message=str(error), details=details)
 
 
+class _FrameWindow:
+    """Frames one stream may have admitted at once. A request larger than the window waits for it to empty."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._used = 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, frames: int) -> int:
+        """Wait until ``frames`` (capped at the window) fit; return how many were taken."""
+        n = min(max(frames, 1), self.size)
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._used + n <= self.size)
+            self._used += n
+        return n
+
+    async def release(self, n: int) -> None:
+        """Give back ``n`` frames."""
+        async with self._cond:
+            self._used -= n
+            self._cond.notify_all()
+
+
 class InferenceServicer(pb_grpc.InferenceServicer):
     """``appliance.v1.Inference`` over an :class:`~appliance.app.App`."""
 
@@ -61,7 +84,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     # ---- the one analyze path ---------------------------------------------------------------------------
 
-    async def _analyze(self, req: pb.AnalyzeRequest, time_remaining: float | None, t0: float) -> pb.AnalyzeResponse:
+    async def _analyze(
+        self,
+        req: pb.AnalyzeRequest,
+        time_remaining: float | None,
+        t0: float,
+        admit: Callable[[int], Awaitable[None]] | None = None,
+    ) -> pb.AnalyzeResponse:
         app = self.app
         app.check_admitting()
         name = req.pipeline or app.default_pipeline
@@ -72,14 +101,17 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             raise Overloaded(
                 f"request of {len(req.dicom)} bytes exceeds server.max_message_bytes = "
                 f"{app.config.server.max_message_bytes}",
+                retry_after_s=None,
                 reason="MESSAGE_TOO_LARGE",
             )
+        if time_remaining is None and app.config.server.default_deadline_s > 0:
+            time_remaining = app.config.server.default_deadline_s
+        deadline = None if time_remaining is None else t0 + time_remaining  # the client's, not after parsing
         loop = asyncio.get_running_loop()
         instance = await loop.run_in_executor(app.parse_executor, app.parse_dicom, req.dicom)
         pipeline.check(instance)
-        if time_remaining is None and app.config.server.default_deadline_s > 0:
-            time_remaining = app.config.server.default_deadline_s
-        deadline = None if time_remaining is None else app.clock.monotonic() + time_remaining
+        if admit is not None:
+            await admit(instance.number_of_frames)
         future: asyncio.Future[Request] = loop.create_future()
 
         def resolve(r: Request) -> None:
@@ -182,11 +214,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         """Analyze many instances; reply as each completes. Per-item failures go in the item's status.
 
         The stream applies backpressure instead of rejecting: at most half the inbox (at least one batch) of
-        its items are in flight at once, so a client streaming a whole series never sees QUEUE_FULL because
-        of its own earlier items.
+        its *frames* are admitted at once, so a client streaming a whole series never sees QUEUE_FULL because
+        of its own earlier items; gRPC flow control then slows the client down.
         """
         app = self.app
-        window = asyncio.Semaphore(max(app.batcher.batch_size, app.config.batcher.queue_capacity // 2))
+        window = _FrameWindow(max(app.batcher.batch_size, app.config.batcher.queue_capacity // 2))
+        requests_in_flight = asyncio.Semaphore(2 * window.size)  # bounds memory held by parsed requests
         out: asyncio.Queue[pb.AnalyzeResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
@@ -194,8 +227,14 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             t0 = app.clock.monotonic()
             rid = req.request_id or uuid.uuid4().hex
             req.request_id = rid
+            held = 0
+
+            async def admit(n_frames: int) -> None:
+                nonlocal held
+                held = await window.acquire(n_frames)
+
             try:
-                response = await self._analyze(req, context.time_remaining(), t0)
+                response = await self._analyze(req, context.time_remaining(), t0, admit)
                 self._finish(grpc.StatusCode.OK, t0, response)
             except ApplianceError as e:
                 self._finish(e.code, t0)
@@ -210,13 +249,15 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 item_status = pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err))
                 response = pb.AnalyzeResponse(request_id=rid, status=item_status)
             finally:
-                window.release()
+                if held:
+                    await window.release(held)
+                requests_in_flight.release()
             await out.put(response)
 
         async def reader() -> None:
             try:
                 async for req in request_iterator:
-                    await window.acquire()
+                    await requests_in_flight.acquire()
                     task = asyncio.create_task(one(req))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)

@@ -150,16 +150,24 @@ class ThermalController:
             self._temp = self.governor.last_decision.temp_c
         return duty
 
+    def tick_safely(self) -> float:
+        """:meth:`tick`, but a failure inside it (a bug, a wedged driver binding) counts as a failed read.
+
+        The governor then holds and goes blind as for any read error, instead of keeping the last duty.
+        """
+        try:
+            return self.tick()
+        except Exception:  # a bug here must not kill pacing silently: fail safe and say so
+            log.exception("thermal tick failed; treating it as a failed read")
+            with self._lock:
+                self._errors["read_error"] += 1
+                return self.governor.update(self.clock.monotonic(), None, error="read_error")
+
     def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
         """Tick every ``period_s`` on the clock until ``stop`` is set (for a daemon thread)."""
         sleep = getattr(self.clock, "sleep", None)
         while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # a bug here must not kill pacing silently: fail safe and say so
-                log.exception("thermal tick failed; going blind")
-                with self._lock:
-                    self.governor.update(self.clock.monotonic(), None, error="read_error")
+            self.tick_safely()
             if sleep is not None:
                 sleep(period_s)
             else:

@@ -291,3 +291,91 @@ def test_throttled_batcher_fills_batches(fake_manifest, stop_list):
     # unthrottled with max_wait 0 this trickle would launch ~1 item per batch
     assert np.mean(rows) >= 2.0, rows
     assert isinstance(RealClock().monotonic(), float)
+
+
+def test_dead_engine_answers_frames_still_in_preprocessing(fake_manifest, stop_list):
+    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {"dead_after": 0})
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=8))
+    stop_list.append(batcher)
+    batcher.start(warmup_runs=1).wait(5)
+    fast, slow_pipe = StubPipeline(), StubPipeline(delay_s=0.3)
+    a, da = submit(batcher, [0.1], fast)
+    b, db = submit(batcher, [0.2], slow_pipe)  # still preprocessing when the engine dies
+    assert da.wait(5) and db.wait(5), "a request admitted before the engine died was never answered"
+    assert isinstance(a.error, EngineDeadError)
+    assert isinstance(b.error, Unavailable) and b.error.reason == "ENGINE_DEAD"
+    time.sleep(0.4)
+    assert batcher.statistics().depth == 0
+
+
+def test_unexpected_engine_thread_failure_is_fatal_and_answers_everyone(fake_manifest, stop_list):
+    from appliance.batcher import BatchObserver
+
+    class Exploding(BatchObserver):
+        def on_batch(self, real, size, engine_s):
+            raise RuntimeError("observer bug")
+
+    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {})
+    dead = threading.Event()
+    batcher = Batcher(
+        engine,
+        BatcherConfig(max_wait_s=0.0, queue_capacity=8),
+        observer=Exploding(),
+        on_engine_dead=lambda e: dead.set(),
+    )
+    stop_list.append(batcher)
+    batcher.start(warmup_runs=1).wait(5)
+    req, done = submit(batcher, [0.1], StubPipeline())
+    assert dead.wait(5)
+    assert done.wait(5)
+    with pytest.raises(Unavailable):
+        submit(batcher, [0.1], StubPipeline())
+
+
+def test_interactive_is_preprocessed_before_earlier_batch_frames(fake_manifest, stop_list):
+    batcher, _ = make_batcher(fake_manifest, queue_capacity=16)
+    stop_list.append(batcher)
+    pipe = StubPipeline(delay_s=0.02)
+    pipe.gate = threading.Event()
+    order: list[float] = []
+    original = pipe.run
+
+    def run(inst, frame, out):
+        order.append(inst.values[frame])
+        return original(inst, frame, out)
+
+    pipe.run = run
+    series, d1 = submit(batcher, [0.3] * 12, pipe, Priority.BATCH)
+    time.sleep(0.05)  # the worker holds the first BATCH frame at the gate
+    click, d2 = submit(batcher, [0.9], pipe, Priority.INTERACTIVE)
+    pipe.gate.set()
+    assert d1.wait(10) and d2.wait(10)
+    assert order.index(0.9) <= 1, order  # right after the frame that was already in the worker
+
+
+def test_expired_frame_is_deadline_exceeded(fake_manifest, stop_list):
+    from appliance.errors import DeadlineExceeded
+
+    gate = threading.Event()
+    batcher, engine = make_batcher(fake_manifest, max_wait_s=0.0)
+    stop_list.append(batcher)
+    hold = FakeEngineHold(engine, gate)
+    submit(batcher, [0.1] * 4, StubPipeline())
+    assert hold.entered.wait(5)
+    batcher.batch_s_estimate = 0.001
+    late, done = submit(batcher, [0.2], StubPipeline(), deadline=time.monotonic() + 0.1)
+    time.sleep(0.2)
+    gate.set()
+    assert done.wait(5)
+    assert isinstance(late.error, DeadlineExceeded)
+
+
+def test_fail_pending_answers_queued_work(fake_manifest, stop_list):
+    batcher, _ = make_batcher(fake_manifest, max_wait_s=10.0)
+    stop_list.append(batcher)
+    batcher.pacer.set_duty(0.0)  # thermal stop: nothing launches
+    req, done = submit(batcher, [0.1], StubPipeline())
+    time.sleep(0.05)
+    assert batcher.fail_pending(Unavailable("thermal stopped", reason="THERMAL_PAUSE")) == 1
+    assert done.wait(2) and req.error.reason == "THERMAL_PAUSE"
+    assert batcher.statistics().depth == 0

@@ -48,3 +48,19 @@ def test_example_config_loads() -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="nope.toml"):
         load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[server]\ndefault_deadline_s = '5'\n", "server.default_deadline_s"),
+        ("[batcher]\nmax_wait_s = true\n", "batcher.max_wait_s"),
+        ("[server]\ngrace_s = nan\n", "server.grace_s"),
+        ("[server]\ndefault_deadline_s = -1.0\n", "server.default_deadline_s"),
+    ],
+)
+def test_numbers_must_be_numbers(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "appliance.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=key):
+        load_config(path)

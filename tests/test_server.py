@@ -149,6 +149,24 @@ def test_stream_replies_per_item_and_survives_failures(stub, slice_bytes) -> Non
         assert len(replies[f"s{i}"].frames) == 1
 
 
+def test_stream_window_counts_frames(models_dir, slice_bytes) -> None:
+    ds = pydicom.dcmread(io.BytesIO(slice_bytes))
+    pixels = ds.pixel_array
+    ds.NumberOfFrames = 3
+    ds.PixelData = np.stack([pixels] * 3).tobytes()
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    app = RunningApp(fake_config(models_dir, batcher={"queue_capacity": 8}), notifier=RecordingNotifier())
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            requests = [pb.AnalyzeRequest(dicom=buf.getvalue(), request_id=f"m{i}") for i in range(6)]
+            replies = list(pb_grpc.InferenceStub(ch).AnalyzeStream(iter(requests), timeout=30))
+        assert sorted(r.request_id for r in replies) == [f"m{i}" for i in range(6)]
+        assert all(r.status.code == 0 and len(r.frames) == 3 for r in replies), [r.status for r in replies]
+    finally:
+        app.stop()
+
+
 def test_get_status(stub, slice_bytes) -> None:
     stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
@@ -177,9 +195,10 @@ def test_health_cli_ok_and_json(running, capsys) -> None:
 
 def test_health_cli_unreachable_and_bad_args(capsys) -> None:
     assert cli_main(["health", "--target", "127.0.0.1:1", "--timeout", "0.3"]) == 2
-    with pytest.raises(SystemExit) as e:
-        cli_main(["health", "--bogus"])
-    assert e.value.code == 3
+    for bad in (["--bogus"], ["--timeout", "0"], ["--timeout", "nan"], ["--timeout", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            cli_main(["health", *bad])
+        assert e.value.code == 3, bad
 
 
 def test_reflection_lists_services(running) -> None:

@@ -128,3 +128,23 @@ def test_serve_thermal_sim_reports_the_plant(models_dir: Path) -> None:
             assert pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10).frames
     finally:
         app.stop()
+
+
+def test_lost_gpu_answers_queued_work_and_stops_the_watchdog(models_dir: Path) -> None:
+    nvml = FakePynvml(temperature=60)
+    app = nvml_app(models_dir, nvml)
+    try:
+        _until(lambda: _status(app.target).thermal.temperature_c == 60)
+        assert app.app._heartbeat() > 0
+        app.app.pacer.set_duty(0.0)  # hold dispatch so a request is queued when the GPU goes
+        with grpc.insecure_channel(app.target) as ch:
+            data = synthetic.to_dicom(synthetic.generate_slice(7, size=512))
+            queued = pb_grpc.InferenceStub(ch).Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
+            _until(lambda: app.app.batcher.statistics().depth == 1, 5)
+            nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_GPU_IS_LOST
+            with pytest.raises(grpc.RpcError) as e:
+                queued.result()
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert app.app._heartbeat() == float("-inf")  # WATCHDOG=1 stops: systemd restarts the service
+    finally:
+        app.stop()

@@ -152,6 +152,20 @@ class _Daemon:
             self.log.close()
 
 
+def _drive(target: str, files: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement with the command line's load settings."""
+    return asyncio.run(
+        run_load(
+            target,
+            files,
+            concurrency=args.concurrency,
+            duration_s=args.duration,
+            requests=args.requests,
+            pipeline=args.pipeline,
+        )
+    )
+
+
 def _measure(args: argparse.Namespace, files: list[bytes], extra: list[str], logdir: Path, tag: str) -> dict[str, Any]:
     daemon = _Daemon(extra, logdir / f"daemon-{tag}.log")
     try:
@@ -167,16 +181,7 @@ def _measure(args: argparse.Namespace, files: list[bytes], extra: list[str], log
                     pipeline=args.pipeline,
                 )
             )
-        return asyncio.run(
-            run_load(
-                daemon.target,
-                files,
-                concurrency=args.concurrency,
-                duration_s=args.duration,
-                requests=args.requests,
-                pipeline=args.pipeline,
-            )
-        )
+        return _drive(daemon.target, files, args)
     finally:
         daemon.stop()
 
@@ -217,18 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload_generation_s": round(gen_s, 2),
     }
     if args.target:
-        report.update(
-            asyncio.run(
-                run_load(
-                    args.target,
-                    files,
-                    concurrency=args.concurrency,
-                    duration_s=args.duration,
-                    requests=args.requests,
-                    pipeline=args.pipeline,
-                )
-            )
-        )
+        report.update(_drive(args.target, files, args))
         report["target"] = args.target
     else:
         with tempfile.TemporaryDirectory(prefix="appliance-bench-") as tmp:

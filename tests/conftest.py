@@ -143,6 +143,7 @@ class RunningApp:
         self.call(self.app.stop(grace_s))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
 
 def fake_config(models_dir: Path, **sections):  # noqa: ANN003, ANN201

@@ -314,6 +314,7 @@ def test_not_serving_until_warm(models_dir, slice_bytes) -> None:
         asyncio.run_coroutine_threadsafe(app.stop(1.0), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
 
 
 def test_dead_engine_flips_health(models_dir, slice_bytes) -> None:

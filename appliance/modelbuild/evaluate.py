@@ -31,6 +31,7 @@ __all__ = [
     "quality_metrics",
     "sensitivity_at_specificity",
     "time_batches",
+    "time_interleaved",
 ]
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,28 @@ def time_batches(session: Any, x: np.ndarray | None = None, *, runs: int = 20, w
         session.run(None, {inp.name: x})
         times.append((time.perf_counter() - t) * 1e3)
     return {"ms_per_batch": float(np.median(times)), "ms_per_batch_p10": float(np.percentile(times, 10))}
+
+
+def time_interleaved(sessions: Mapping[str, Any], x: np.ndarray, *, rounds: int = 30,
+                     warmup: int = 3) -> dict[str, dict[str, float]]:
+    """Time several sessions on the same batch round-robin (shuffled per round); median and p10 ms each.
+
+    Interleaving makes the comparison fair on a shared machine, where load drifts from minute to minute.
+    """
+    for s in sessions.values():
+        for _ in range(warmup):
+            s.run(None, {s.get_inputs()[0].name: x})
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    rng = np.random.default_rng(0)
+    keys = list(sessions)
+    for _ in range(rounds):
+        for i in rng.permutation(len(keys)):
+            s = sessions[keys[i]]
+            t = time.perf_counter()
+            s.run(None, {s.get_inputs()[0].name: x})
+            times[keys[i]].append((time.perf_counter() - t) * 1e3)
+    return {k: {"ms_per_batch": float(np.median(v)), "ms_per_batch_p10": float(np.percentile(v, 10))}
+            for k, v in times.items()}
 
 
 def evaluate_artifact(path: Path, pool: Pool, *, session_config: Mapping[str, str] | None = None,

@@ -29,7 +29,7 @@ class NetConfig:
     image: int = 256  # input H = W
     stem: tuple[int, ...] = (16, 32, 64)  # channels of the first three stride-2 convs; the fourth gives dim
     dim: int = 128  # token width (a multiple of every INT4 block size tried)
-    depth: int = 3  # transformer blocks
+    depth: int = 2  # transformer blocks
     heads: int = 4
     mlp: int = 256  # MLP hidden width
     logit_cap: float = 30.0  # attention logits are clamped to [-cap, cap] (0 disables)

@@ -55,6 +55,7 @@ __all__ = [
     "generate_slice",
     "model_input",
     "modality_values",
+    "read_back",
     "stored_values",
     "to_dicom",
     "workload",

@@ -35,7 +35,7 @@ def test_truth_is_consistent(positive: S.SliceTruth) -> None:
     assert positive.hu.dtype == np.float32 and positive.hu.shape == (512, 512)
     fov = positive.pixel_spacing_mm[1] * 512
     assert 300.0 <= fov <= 450.0
-    for r, c, d, hu in positive.nodules:
+    for r, c, d, _hu in positive.nodules:
         assert 0 <= r < 512 and 0 <= c < 512 and d >= S.NODULE_MIN_DIAMETER_MM
         # the nodule is visibly denser than aerated lung at its centre
         assert positive.hu[int(r), int(c)] > -700.0

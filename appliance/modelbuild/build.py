@@ -31,7 +31,7 @@ from appliance.modelbuild.evaluate import evaluate_artifact, make_session, predi
 from appliance.modelbuild.manifest_writer import write_manifest
 from appliance.modelbuild.train import TrainConfig, TrainResult
 
-__all__ = ["TOLERANCE", "BuildConfig", "BuildReport", "build", "compare_builds"]
+__all__ = ["SESSION_CONFIG", "TOLERANCE", "BuildConfig", "BuildReport", "build", "compare_builds", "report_dict"]
 
 log = logging.getLogger(__name__)
 

@@ -39,12 +39,14 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     """Evaluate a model's artifacts on freshly generated slices of any seed; return the exit status.
 
     Args:
-        argv: ``name --seed S --n N [--json] [--precision P ...] [--models-dir DIR] [--workers W]
+        argv: ``name [--seed S] [--n N] [--json] [--precision P ...] [--models-dir DIR] [--workers W]
             [--no-timing]``.
     """
     ap = argparse.ArgumentParser(prog="appliance models eval", description=eval_main.__doc__)
     ap.add_argument("name", help="model name, e.g. ct-nodule")
-    ap.add_argument("--seed", type=int, required=True, help="data seed (the training seed is in model.toml)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="data seed (default: the held-out seed the manifest's metrics were measured on; "
+                         "the training seed is in model.toml)")
     ap.add_argument("--n", type=int, default=2000, help="number of slices (default 2000)")
     ap.add_argument("--json", action="store_true", help="print the metrics as JSON")
     ap.add_argument("--precision", action="append", help="precision(s) to evaluate (default: all)")
@@ -65,6 +67,8 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     except ApplianceError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
+    if args.seed is None:
+        args.seed = int(manifest.artifact().build.get("eval_seed", 2))
     pre = manifest.input.preprocess
     params = InputParams(
         size=manifest.input.shape[2],

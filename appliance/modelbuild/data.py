@@ -19,7 +19,7 @@ import numpy as np
 
 from appliance import synthetic
 
-__all__ = ["InputParams", "Pool", "cells_hit", "generate_pool"]
+__all__ = ["InputParams", "Pool", "cells_hit", "curriculum_weights", "generate_pool"]
 
 log = logging.getLogger(__name__)
 

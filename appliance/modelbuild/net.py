@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-__all__ = ["NetConfig", "NoduleNet"]
+__all__ = ["Exported", "NetConfig", "NoduleNet"]
 
 
 @dataclass(frozen=True)

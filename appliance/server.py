@@ -145,7 +145,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             frame = pb.FrameResult(
                 frame_index=item.frame_index,
                 findings=[
-                    pb.Finding(label=f.label, score=f.score),
+                    pb.Finding(label=f.label, score=f.scores[f.label]),
                     *(pb.Finding(label=k, score=v) for k, v in f.scores.items() if k != f.label),
                 ],
             )

@@ -76,7 +76,11 @@ def test_analyze_one_slice(stub, slice_bytes) -> None:
     expected = float(
         synthetic.model_input(synthetic.generate_slice(11, nodule=True, size=512), running_manifest_preprocess()).mean()
     )
-    assert frame.findings[0].score == pytest.approx(expected, abs=1e-5)
+    nodule = next(f.score for f in frame.findings if f.label == "nodule")
+    assert nodule == pytest.approx(expected, abs=1e-5)
+    top = frame.findings[0]  # the decided label comes first, with its own probability
+    assert top.label == ("nodule" if expected >= 0.5 else "no_nodule")
+    assert top.score == pytest.approx(expected if expected >= 0.5 else 1 - expected, abs=1e-5)
     assert {f.label for f in frame.findings} == {"nodule", "no_nodule"}
     assert frame.HasField("location") and 0 <= frame.location.row < 512 and 0 <= frame.location.column < 512
     t = reply.timings
@@ -102,7 +106,7 @@ def test_multiframe_instance_gathers_frames(stub, slice_bytes) -> None:
     ds.save_as(buf, enforce_file_format=True)
     reply = stub.Analyze(pb.AnalyzeRequest(dicom=buf.getvalue()), timeout=10)
     assert [f.frame_index for f in reply.frames] == [0, 1, 2]
-    scores = [f.findings[0].score for f in reply.frames]
+    scores = [next(x.score for x in f.findings if x.label == "nodule") for f in reply.frames]
     assert scores[0] == pytest.approx(scores[2]) and scores[1] != pytest.approx(scores[0])
 
 

@@ -265,13 +265,14 @@ def build(cfg: BuildConfig, out_dir: Path, *, check_only: bool = False, progress
         shutil.copyfile(int4, files["int4"])
         data = _manifest_data(cfg, files, block, metrics, build_info)
         write_manifest(stage / "model.toml", data, header=card.MANIFEST_HEADER)
-        (stage / "README.md").write_text(card.render(data, secs, block, candidates), encoding="utf-8")
         (stage / "train_log.json").write_text(json.dumps(result.log, indent=1) + "\n", encoding="utf-8")
         load_manifest(stage / "model.toml")  # what we wrote must load
         comparison = None
         if (out_dir / "model.toml").is_file():
             comparison = compare_builds(stage, out_dir, eval_pool)
             log.info("reproducibility vs %s: %s", out_dir, json.dumps(comparison, sort_keys=True))
+        card_text = card.render(data, secs, block, candidates, comparison)
+        (stage / "README.md").write_text(card_text, encoding="utf-8")
         if not check_only:
             out_dir.mkdir(parents=True, exist_ok=True)
             for f in stage.iterdir():

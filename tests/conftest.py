@@ -68,6 +68,14 @@ def write_fake_model(
     return load_manifest(d / "model.toml")
 
 
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository holding a fake "ct-nodule" (B=4, 1x256x256, 16x16 map) for the fake engine."""
+    d = tmp_path_factory.mktemp("models")
+    write_fake_model(d, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    return d
+
+
 @pytest.fixture
 def fake_manifest(tmp_path: Path) -> Manifest:
     """A B=4, 1x8x8 manifest whose artifact verifies."""

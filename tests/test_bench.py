@@ -9,16 +9,9 @@ import pytest
 
 from appliance.bench import main as bench_main
 from appliance.notify import RecordingNotifier
-from tests.conftest import REPO, RunningApp, fake_config, write_fake_model
+from tests.conftest import REPO, RunningApp, fake_config
 
 KEYS = {"throughput_per_s", "latency_ms", "stages_ms", "batch_fill", "errors"}
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("models")
-    write_fake_model(d, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    return d
 
 
 def test_bench_against_a_running_daemon(models_dir: Path, tmp_path: Path) -> None:

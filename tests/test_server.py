@@ -19,14 +19,7 @@ from appliance.cli import main as cli_main
 from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import RunningApp, fake_config, write_fake_model
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("models")
-    write_fake_model(d, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    return d
+from tests.conftest import RunningApp, fake_config
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.thermal_control import ThermalController
 from appliance.thermometers import NvmlThermometer
-from tests.conftest import RunningApp, fake_config, write_fake_model
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("models")
-    write_fake_model(d, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    return d
+from tests.conftest import RunningApp, fake_config
 
 
 def nvml_app(models_dir: Path, nvml: FakePynvml) -> RunningApp:

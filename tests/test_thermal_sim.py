@@ -32,8 +32,12 @@ VARIANTS: dict[str, dict[str, object]] = {
     "no-power-readings": {"measure_power": False},
     "4090-delay3-round-noisy": {"plant": PRESETS["4090"], "sensor": SensorParams(3.0, "round", 0.5)},
     "heatsink-slow-delay3": {"plant": P5090.scaled(heatsink_scale=2.0), "sensor": SensorParams(3.0)},
+    "5090-delay3-round-noisy": {"sensor": SensorParams(3.0, "round", 0.5)},
+    "pro6000maxq-heatsink-fast-delay2": {
+        "plant": PRESETS["pro6000maxq"].scaled(heatsink_scale=0.5), "sensor": SensorParams(2.0),
+    },
 }
-FAST = ["4090", "delay3", "round", "heatsink-slow", "heatsink-fast", "no-power-readings"]
+FAST = ["4090", "delay3", "round", "heatsink-slow", "heatsink-fast", "no-power-readings", "5090-delay3-round-noisy"]
 
 
 @pytest.fixture(scope="module")

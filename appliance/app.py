@@ -366,6 +366,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # No live reload: config is read once. An accidental SIGHUP must not take the service down.
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP ignored: restart the service to apply config"))
     t0 = time.monotonic()
     start = asyncio.create_task(app.start())
     done, _ = await asyncio.wait({start, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)

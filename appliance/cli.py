@@ -64,10 +64,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 
 
-def _channel_target(target: str) -> str:
-    return target
-
-
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -95,7 +91,7 @@ def _health(args: argparse.Namespace) -> int:
     from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 
     try:
-        with grpc.insecure_channel(_channel_target(args.target)) as channel:
+        with grpc.insecure_channel(args.target) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=args.timeout)
             except grpc.FutureTimeoutError:

@@ -72,6 +72,9 @@ def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
                 data = synthetic.to_dicom(synthetic.generate_slice(3, size=512))
                 reply = pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10)
                 assert len(reply.frames) == 1
+            proc.send_signal(signal.SIGHUP)  # no live reload: logged and ignored, never fatal
+            time.sleep(0.5)
+            assert proc.poll() is None
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=30)
         finally:

@@ -23,7 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from appliance import __version__, dicom
-from appliance.batcher import Batcher, Pacer
+from appliance.batcher import Batcher, Pacer, QueueStats
 from appliance.clock import Clock, RealClock
 from appliance.config import Config, ThermalSection
 from appliance.engines import resolve
@@ -139,13 +139,12 @@ class App:
             batch_size=self.engine.batch_size,
         )
 
-    def degraded_reasons(self) -> list[str]:
-        """Why the service is degraded (empty when healthy)."""
+    def degraded_reasons(self, stats: QueueStats | None = None) -> list[str]:
+        """Why the service is degraded (empty when healthy): throttled/blind, or the queue over 80 %."""
         reasons = []
-        snap = self.thermal.snapshot()
-        if snap.enabled and snap.state not in ("COOL", "REGULATING", "DISABLED"):
-            reasons.append(f"thermal {snap.state.lower()}")
-        stats = self.batcher.statistics()
+        if self.thermal.degraded:
+            reasons.append(f"thermal {self.thermal.state.lower()}")
+        stats = stats or self.batcher.statistics()
         if stats.depth > 0.8 * stats.capacity:
             reasons.append(f"queue over 80% ({stats.depth}/{stats.capacity})")
         return reasons
@@ -154,7 +153,7 @@ class App:
         """The detailed status (GetStatus, `appliance health --json`)."""
         assert self.health is not None
         stats = self.batcher.statistics()
-        reasons = self.degraded_reasons() if self.health.state == ServiceState.SERVING else [self.health.reason]
+        reasons = self.degraded_reasons(stats) if self.health.state == ServiceState.SERVING else [self.health.reason]
         state = self.health.state.value
         if self.health.state == ServiceState.SERVING and reasons:
             state = "DEGRADED"

@@ -3,7 +3,9 @@ health names and `appliance health` exit codes; the simulated plant via `serve -
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -23,10 +25,17 @@ from appliance.thermometers import NvmlThermometer
 from tests.conftest import RunningApp, fake_config
 
 
-def nvml_app(models_dir: Path, nvml: FakePynvml) -> RunningApp:
+@contextlib.contextmanager
+def nvml_app(models_dir: Path, nvml: FakePynvml) -> Iterator[RunningApp]:
+    """A daemon whose governor reads the fake NVML; yields once the first reading shows in the status."""
     controller = ThermalController(NvmlThermometer(0, nvml), Governor(ThermalConfig()), clock=RealClock())
     cfg = fake_config(models_dir, thermal={"sensor": "nvml", "period_s": 0.05})
-    return RunningApp(cfg, notifier=RecordingNotifier(), thermal=controller)
+    app = RunningApp(cfg, notifier=RecordingNotifier(), thermal=controller)
+    try:
+        _until(lambda: _status(app.target).thermal.temperature_c == nvml.temperature)
+        yield app
+    finally:
+        app.stop()
 
 
 def _health(target: str, name: str) -> int:
@@ -50,9 +59,7 @@ def _until(predicate, timeout_s: float = 10.0) -> None:
 
 def test_hot_gpu_throttles_and_health_warns(models_dir: Path, capsys) -> None:
     nvml = FakePynvml(temperature=50, power_mw=30_000)  # idle draw
-    app = nvml_app(models_dir, nvml)
-    try:
-        _until(lambda: _status(app.target).thermal.temperature_c == 50)
+    with nvml_app(models_dir, nvml) as app:
         status = _status(app.target)
         assert status.thermal.enabled and status.state == "SERVING"
         assert cli_main(["health", "--target", app.target]) == 0
@@ -67,15 +74,11 @@ def test_hot_gpu_throttles_and_health_warns(models_dir: Path, capsys) -> None:
         assert cli_main(["health", "--target", app.target]) == 1
         assert "WARNING" in capsys.readouterr().out
         _until(lambda: _status(app.target).thermal.seconds_above_limit > 0)
-    finally:
-        app.stop()
 
 
 def test_read_errors_go_blind_and_fail_the_thermal_health_name(models_dir: Path) -> None:
     nvml = FakePynvml(temperature=60)
-    app = nvml_app(models_dir, nvml)
-    try:
-        _until(lambda: _status(app.target).thermal.temperature_c == 60)
+    with nvml_app(models_dir, nvml) as app:
         nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_TIMEOUT
         nvml.fail["nvmlDeviceGetTemperature"] = nvml.NVML_ERROR_TIMEOUT
         _until(lambda: _status(app.target).thermal.state == "BLIND", 15)
@@ -85,15 +88,11 @@ def test_read_errors_go_blind_and_fail_the_thermal_health_name(models_dir: Path)
         _until(lambda: _health(app.target, "appliance.thermal") == health_pb2.HealthCheckResponse.NOT_SERVING)
         assert _health(app.target, "appliance.v1.Inference") == health_pb2.HealthCheckResponse.SERVING
         assert cli_main(["health", "--target", app.target]) == 1
-    finally:
-        app.stop()
 
 
 def test_lost_gpu_stops_dispatch_and_not_serving(models_dir: Path) -> None:
     nvml = FakePynvml(temperature=60)
-    app = nvml_app(models_dir, nvml)
-    try:
-        _until(lambda: _status(app.target).thermal.temperature_c == 60)
+    with nvml_app(models_dir, nvml) as app:
         nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_GPU_IS_LOST
         _until(lambda: _status(app.target).thermal.state == "STOPPED")
         assert app.app.pacer.duty == 0.0
@@ -105,8 +104,6 @@ def test_lost_gpu_stops_dispatch_and_not_serving(models_dir: Path) -> None:
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "thermal" in e.value.details()
         assert cli_main(["health", "--target", app.target]) == 2
-    finally:
-        app.stop()
 
 
 def test_serve_thermal_sim_reports_the_plant(models_dir: Path) -> None:
@@ -125,9 +122,7 @@ def test_serve_thermal_sim_reports_the_plant(models_dir: Path) -> None:
 
 def test_lost_gpu_answers_queued_work_and_stops_the_watchdog(models_dir: Path) -> None:
     nvml = FakePynvml(temperature=60)
-    app = nvml_app(models_dir, nvml)
-    try:
-        _until(lambda: _status(app.target).thermal.temperature_c == 60)
+    with nvml_app(models_dir, nvml) as app:
         assert app.app._heartbeat() > 0
         app.app.pacer.set_duty(0.0)  # hold dispatch so a request is queued when the GPU goes
         with grpc.insecure_channel(app.target) as ch:
@@ -139,5 +134,3 @@ def test_lost_gpu_answers_queued_work_and_stops_the_watchdog(models_dir: Path) -
                 queued.result()
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert app.app._heartbeat() == float("-inf")  # WATCHDOG=1 stops: systemd restarts the service
-    finally:
-        app.stop()

@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-dev bench proto model eval thermal-sim clean
+.PHONY: run test setup setup-dev bench chaos proto model eval thermal-sim clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: setup-dev
 
 bench: setup
 	$(BIN)/appliance bench --json bench.json $(ARGS)
+
+# Hostile inputs and crashing decoders against a real daemon for DURATION seconds (not in the default tests).
+DURATION ?= 120
+chaos: setup-dev
+	$(BIN)/appliance chaos --duration $(DURATION) --json chaos.json $(ARGS)
 
 thermal-sim: setup-dev
 	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)

@@ -172,7 +172,8 @@ def bad_cases(seed: int = 0, *, truncations: int = 6, flips: int = 4, size: int 
     cases: list[Case] = [
         Case("empty", b"", frozenset({INVALID})),
         Case("not-dicom-text", b"hello, this is not DICOM\n" * 20, frozenset({INVALID})),
-        Case("not-dicom-png", b"\x89PNG\r\n\x1a\n" + bytes(rng.randrange(256) for _ in range(600)), frozenset({INVALID})),
+        Case("not-dicom-png", b"\x89PNG\r\n\x1a\n" + bytes(rng.randrange(256) for _ in range(600)),
+             frozenset({INVALID})),
         Case("preamble-then-garbage", bytes(128) + b"DICM" + bytes(rng.randrange(256) for _ in range(400)),
              frozenset({INVALID})),
         Case("non-image-sr", _non_image(), frozenset({PRECONDITION})),

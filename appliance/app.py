@@ -9,7 +9,6 @@ thermal controller -> pacer
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -293,6 +292,8 @@ class App:
         )
         for name, why in self.skipped_backends.items():
             log.info("engine backend %s skipped: %s", name, why)
+        if self.pool.spec.faults:
+            log.warning("TEST ONLY: decoder fault injection is on (APPLIANCE_TEST_DECODER_FAULTS=1)")
         await asyncio.get_running_loop().run_in_executor(None, self.artifact.verify)
         self.pool.start()
         ready = self.batcher.start(self.config.engine.warmup_runs)
@@ -442,9 +443,7 @@ class App:
             await self.server.stop(0.5)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # a task that died was reported already
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.pool.stop, 1.0)
         await loop.run_in_executor(None, self.batcher.stop, 2.0)

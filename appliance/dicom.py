@@ -388,7 +388,9 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
         raise
     except RecursionError:
         raise LimitExceeded("sequences are nested too deeply to parse", field="dicom") from None
-    except Exception as e:  # noqa: BLE001 - pydicom raises many types on malformed input
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
     return ds
 

@@ -390,3 +390,24 @@ def test_fail_pending_answers_queued_work(fake_manifest, stop_list):
     assert batcher.fail_pending(Unavailable("thermal stopped", reason="THERMAL_PAUSE")) == 1
     assert done.wait(2) and req.error.reason == "THERMAL_PAUSE"
     assert batcher.statistics().depth == 0
+
+
+def test_admitted_frame_no_worker_started_expires_and_frees_its_slot(fake_manifest, stop_list):
+    """A frame admitted but never picked up by a worker (all busy) is answered at its deadline, slot freed."""
+    from appliance.errors import DeadlineExceeded
+
+    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {})
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=8))
+    stop_list.append(batcher)
+    batcher.start(warmup_runs=1).wait(5)  # no feeder: nothing ever preprocesses
+    batcher.batch_s_estimate = 0.001
+    done = threading.Event()
+    req = Request("late", "stub", Priority.BATCH, time.monotonic() + 0.1, time.monotonic(), n_frames=2,
+                  on_done=lambda r: done.set())
+    batcher.reserve(req)
+    assert batcher.statistics().depth == 2
+    assert done.wait(2)
+    assert isinstance(req.error, DeadlineExceeded)
+    assert [i.state for i in req.items] == [ItemState.EXPIRED, ItemState.EXPIRED]
+    assert batcher.statistics().depth == 0
+    assert not batcher.begin_frame(req.items[0])  # a worker arriving late does not write a freed slot

@@ -124,3 +124,21 @@ def test_arena_file_is_removed_on_stop(tmp_path: Path) -> None:
 def _analyze_target(target: str) -> str:
     with grpc.insecure_channel(target) as ch:
         return _analyze(ch, VALID)[0]
+
+
+def test_inflight_byte_budget_is_taken_before_a_worker_sees_the_payload(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    big = synthetic.to_dicom(synthetic.generate_slice(2, size=512))  # ~0.5 MB
+    config = fake_config(models, server={"max_message_bytes": 1 << 20, "inflight_bytes": 1 << 20},
+                         engine={"options": {"latency_s": 0.3}})
+    app = RunningApp(config, notifier=RecordingNotifier())
+    try:
+        with grpc.insecure_channel(app.target) as ch, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: _analyze(ch, big), range(4)))
+        codes = [code for code, _ in results]
+        assert "OK" in codes
+        refused = [msg for code, msg in results if code == "RESOURCE_EXHAUSTED"]
+        assert refused and all("server.inflight_bytes" in m for m in refused), results
+    finally:
+        app.stop()

@@ -118,6 +118,7 @@ class App:
                 model=self.manifest.name,
                 limits=self.limits,
                 memory_bytes=config.workers.memory_bytes,
+                nice=config.workers.nice,
                 faults=os.environ.get("APPLIANCE_TEST_DECODER_FAULTS") == "1",
             ),
             config.workers,

@@ -65,6 +65,9 @@ class WorkersConfig:
     memory_bytes: int = 2 << 30  # address space a worker may add after start-up (RLIMIT_AS); over -> MemoryError
     recycle_rss_bytes: int = 1 << 30  # a worker whose RSS passes this after a request is replaced
     start_timeout_s: float = 60.0  # a new worker must report ready within this
+    # Niceness added to workers: when decoding saturates the cores, the engine thread (the critical path) and
+    # the event loop (health checks, admission) still get the CPU first; decoding fills the slots ahead of it.
+    nice: int = 5
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ def _validate(cfg: Config) -> None:
         (cfg.server.stall_s > 0, "server.stall_s must be > 0"),
         (cfg.server.max_concurrent_rpcs >= 16, "server.max_concurrent_rpcs must be >= 16"),
         (cfg.workers.step_timeout_s > 0, "workers.step_timeout_s must be > 0"),
+        (0 <= cfg.workers.nice <= 19, "workers.nice must be 0 .. 19"),
         (cfg.workers.memory_bytes >= 64 << 20, "workers.memory_bytes must be >= 67108864 (64 MiB)"),
         (cfg.dicom.max_inflated_bytes > 0, "dicom.max_inflated_bytes must be > 0"),
         (cfg.dicom.max_items >= 1, "dicom.max_items must be >= 1"),

@@ -58,6 +58,7 @@ class WorkerSpec:
     model: str  # only pipelines for this model are loaded
     limits: dicom.DicomLimits
     memory_bytes: int  # address space a worker may add on top of what it has after start-up (RLIMIT_AS)
+    nice: int = 0  # added to the worker's niceness: the engine thread and the event loop come first
     faults: bool = False  # test-only fault injection
 
 
@@ -200,6 +201,8 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     warnings.simplefilter("ignore")
     sys.setrecursionlimit(2000)  # deeply nested sequences end in RecursionError -> a client error
     Image.MAX_IMAGE_PIXELS = spec.limits.max_pixels_per_frame
+    if spec.nice > 0:
+        os.nice(spec.nice)
     worker = _Worker(conn, spec)
     _limit_memory(spec.memory_bytes)
     conn.send(("ready", os.getpid(), _rss_bytes()))

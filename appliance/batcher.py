@@ -8,11 +8,8 @@ batch buffer, zero-pads the rest, runs the engine, and splits the outputs back. 
 the workers prepare the frames of batch k+1. Admitted frames that no worker has started yet expire at their
 deadline too, freeing their slots.
 
-NOTE (launch rule): launch when B items are ready, or when the engine is idle and the oldest ready item has
-waited ``max_wait``. INTERACTIVE items are taken before BATCH items, oldest first within a class. Cancelled or
-expired items are dropped before they are computed and their slots freed. Under a thermal duty u < 1 the
-pacer leaves gaps of about b(1-u)/u between batches; the batcher then also waits up to that gap for a full
-batch, because a padded slot burns the same power as a real one — but never past an item's deadline.
+The launch rule is the pure function :func:`appliance.policy.choose`. Cancelled or expired items are dropped
+before they are computed and their slots freed.
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ from appliance.errors import (
     Unavailable,
 )
 from appliance.pacer import Pacer
+from appliance.policy import choose
 from appliance.work import ItemState, Request, WorkItem
 
 __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
@@ -341,24 +339,20 @@ class Batcher:
 
     def _choose(self, now: float) -> tuple[list[WorkItem] | None, float]:
         """Return (items to launch now, or None) and how long to wait otherwise. Called under the lock."""
-        if not self._ready:
-            return None, 0.1
         b = self.batch_s_estimate
-        pace = self.pacer.delay(b)
-        if pace > 0:
-            return None, min(pace, 0.1)
-        self._ready.sort(key=lambda i: (i.request.priority, i.t_ready))
-        if len(self._ready) >= self.batch_size:
-            return self._ready[: self.batch_size], 0.0
-        oldest = min(i.t_ready or now for i in self._ready)
-        max_wait = self.config.max_wait_s + min(self.pacer.gap(b), 1.0)  # under a budget, prefer full batches
-        deadlines = [i.request.deadline for i in self._ready if i.request.deadline is not None]
-        if deadlines:  # never hold an item past the point where its batch could still finish in time
-            max_wait = min(max_wait, max(0.0, min(deadlines) - b - oldest))
-        waited = now - oldest
-        if waited >= max_wait or self._stopping:
-            return list(self._ready), 0.0
-        return None, max_wait - waited
+        decision = choose(
+            self._ready,
+            now,
+            batch_size=self.batch_size,
+            batch_s=b,
+            pace_delay_s=self.pacer.delay(b) if self._ready else 0.0,
+            pace_gap_s=self.pacer.gap(b),
+            max_wait_s=self.config.max_wait_s,
+            stopping=self._stopping,
+        )
+        if decision.launch is None:
+            return None, decision.wait_s
+        return [self._ready[i] for i in decision.launch], 0.0
 
     def _loop(self) -> None:
         try:

@@ -1,6 +1,6 @@
 """Parse, validate and decode DICOM instances from in-memory bytes.
 
-pydicom reads almost anything without complaint (``notes/dicom.md`` §4): a truncated header becomes an empty
+pydicom reads almost anything without complaint (docs/dicom.md): a truncated header becomes an empty
 dataset, a patched length field allocates whatever it claims, and "auto" decoding falls through from a
 plugin that failed loudly to one that returns wrong pixels quietly (§2). This module is the wall between
 network bytes and the preprocessing pipelines:
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 NATIVE = "native"
 """Pseudo plugin name for the uncompressed syntaxes, decoded by pydicom's numpy-only native decoder."""
 
-# NOTE(dicom): one plugin per transfer syntax, never "auto" (notes/dicom.md §2): a fallback chain turns a
+# NOTE(dicom): one plugin per transfer syntax, never "auto" (docs/dicom.md): a fallback chain turns a
 # loud failure (pyjpegls: "Invalid JPEG-LS stream") into silently wrong pixels from the next plugin.
 DECODER_PLUGINS: dict[str, str] = {
     _uid.ImplicitVRLittleEndian: NATIVE,

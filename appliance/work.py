@@ -56,6 +56,16 @@ class WorkItem:
     outputs: dict[str, np.ndarray] | None = None  # this item's rows of each engine output
     error: ApplianceError | None = None
 
+    @property
+    def priority(self) -> Priority:
+        """Its request's scheduling class."""
+        return self.request.priority
+
+    @property
+    def deadline(self) -> float | None:
+        """Its request's monotonic deadline, or None."""
+        return self.request.deadline
+
     def __repr__(self) -> str:
         return (
             f"WorkItem(request={self.request.request_id!r}, frame={self.frame_index}, "

@@ -40,6 +40,8 @@ thermal-sim: setup-dev
 proto: setup-dev
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		appliance/proto/v1/inference.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		appliance/proto/inference/grpc_service.proto
 
 # Rebuild the reference model from its seed (torch is a build-only extra).
 model: setup-dev

@@ -107,6 +107,7 @@ class App:
         self.health: HealthState | None = None
         self.server: grpc.aio.Server | None = None
         self.addresses: list[str] = []
+        self.metrics_address = ""  # bound /metrics host:port once started ("" = off)
         self._t_start = self.clock.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,6 +228,8 @@ class App:
             self.addresses.append(address if address.startswith("unix:") else _with_port(address, port))
         self.server = server
         await server.start()
+        # /metrics before the engine loads: a bad metrics.listen fails the start (docs/monitoring.md)
+        self.metrics_address = self.metrics.serve(self.config.metrics.listen)
         log.info(
             "listening on %s; loading %s (%s)", ", ".join(self.addresses), self.manifest.name, self.artifact.precision
         )
@@ -245,6 +248,9 @@ class App:
             self.engine.batch_size,
             self.batcher.batch_s_estimate * 1e3,
         )
+        self.metrics.set_build_info(
+            model=self.manifest.name, precision=self.artifact.precision, backend=self.engine.backend
+        )
         await self.health.set_serving()
         self._tasks.append(asyncio.create_task(self._thermal_loop(), name="thermal"))
         if self.notifier.watchdog_interval_s:
@@ -255,11 +261,6 @@ class App:
                 max_staleness_s=max(self.notifier.watchdog_interval_s, 0.5),
             )
             self._tasks.append(asyncio.create_task(watchdog.run(), name="watchdog"))
-        if self.config.metrics.listen:
-            from prometheus_client import start_http_server
-
-            host, _, port = self.config.metrics.listen.rpartition(":")
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.metrics.registry)
 
     async def _thermal_loop(self) -> None:
         """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.
@@ -327,6 +328,7 @@ class App:
         if not self.batcher.engine_thread_alive:  # the engine is only ever touched by its own thread
             self.engine.close()
         self.thermal.close()
+        self.metrics.close()
         self.parse_executor.shutdown(wait=False, cancel_futures=True)
         self._thermal_executor.shutdown(wait=False, cancel_futures=True)
 

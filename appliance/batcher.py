@@ -78,6 +78,9 @@ class BatchObserver:
     def on_rejected(self, reason: str) -> None:
         """One admission was refused (reason: QUEUE_FULL, DEADLINE_UNMEETABLE, ...)."""
 
+    def on_worker_restart(self, reason: str) -> None:
+        """A decoder worker process was restarted (reason: a short fixed word, e.g. crash, hang)."""
+
 
 class Pacer:
     """Turns a thermal duty u in [0, 1] into gaps between launches: a token bucket of engine-busy seconds.

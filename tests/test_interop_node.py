@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pydicom
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from appliance import synthetic
-from tests.conftest import REPO, write_fake_model
+from tests.conftest import REPO
+from tests.interop.daemon import appliance_serve
 
 NODE_DIR = REPO / "tests" / "interop" / "node"
 PRE = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}
@@ -47,56 +43,8 @@ def node() -> str:
 @pytest.fixture(scope="module")
 def daemon_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `appliance serve` (fake engine) on a free loopback port; yields its address."""
-    tmp = tmp_path_factory.mktemp("node-daemon")
-    models = tmp / "models"
-    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = tmp / "appliance.toml"
-    cfg.write_text(
-        f"""
-[server]
-listen = ["127.0.0.1:{port}"]
-[model]
-models_dir = "{models}"
-pipelines_dir = "{REPO / "pipelines"}"
-[engine]
-backend = "fake"
-warmup_runs = 1
-[thermal]
-sensor = "none"
-[metrics]
-listen = "127.0.0.1:0"
-"""
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-    log = (tmp / "daemon.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    target = f"127.0.0.1:{port}"
-    try:
-        with grpc.insecure_channel(target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, (tmp / "daemon.log").read_text()[-2000:]
-                try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                        break
-                except grpc.RpcError:
-                    pass
-                assert time.monotonic() < deadline, "daemon not SERVING within 60 s"
-                time.sleep(0.1)
+    with appliance_serve(tmp_path_factory.mktemp("node-daemon")) as target:
         yield target
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def test_node_grpc_js_health_and_analyze(node: str, daemon_target: str, tmp_path: Path) -> None:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from appliance import synthetic
+from appliance.proto.inference import grpc_service_pb2 as oip
+from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
 from appliance.work import Priority
 from tests.interop import venvs
+from tests.interop.daemon import appliance_serve
 from tests.oip_support import LoopbackOip
 
 SCRIPT = Path(__file__).parent / "interop" / "triton_client_check.py"
@@ -32,12 +35,27 @@ def tritonclient_python() -> Path:
         pytest.skip(f"tritonclient side venv unavailable: {e}")
 
 
-@pytest.fixture(scope="module")
-def oip_target(models_dir: Path) -> Iterator[tuple[str, LoopbackOip | None]]:
-    """(address, loopback server or None for an external daemon) serving ct-nodule on the fake engine."""
-    server = LoopbackOip(models_dir)
-    yield server.address, server
-    server.stop()
+@pytest.fixture(scope="module", params=["loopback", "daemon"])
+def oip_target(request: pytest.FixtureRequest, models_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """(address, loopback server or None) serving ct-nodule (fake engine, B=4) over the OIP.
+
+    ``loopback``: the servicer over the FakeAnalyzer. ``daemon``: a real `appliance serve`; skipped until the
+    servicer is registered there (appliance/app.py wiring), then it must pass the same checks.
+    """
+    if request.param == "loopback":
+        server = LoopbackOip(models_dir)
+        yield server.address, server
+        server.stop()
+        return
+    with appliance_serve(tmp_path_factory.mktemp("oip-daemon")) as target:
+        with grpc.insecure_channel(target) as channel:
+            try:
+                oip_grpc.GRPCInferenceServiceStub(channel).ServerLive(oip.ServerLiveRequest(), timeout=5)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                pytest.skip("inference.GRPCInferenceService is not registered in appliance serve yet (app.py)")
+        yield target, None
 
 
 def fake_engine_outputs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -161,7 +161,7 @@ def test_daemon_offloads_batches_to_a_remote_server(loopback: LoopbackOip, model
 def pytriton(manifest: Manifest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real tritonserver on loopback serving the bundled INT4 ONNX; yields its gRPC address."""
     try:
-        python = venvs.ensure("pytriton")
+        python = venvs.ensure("pytriton", timeout_s=240)  # under pytest-timeout: skip, not fail
     except venvs.VenvUnavailable as e:
         pytest.skip(f"PyTriton side venv unavailable: {e}")
     artifact = manifest.artifact(None)

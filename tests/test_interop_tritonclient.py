@@ -30,7 +30,7 @@ PRE = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}
 @pytest.fixture(scope="module")
 def tritonclient_python() -> Path:
     try:
-        return venvs.ensure("tritonclient")
+        return venvs.ensure("tritonclient", timeout_s=240)  # under pytest-timeout: skip, not fail
     except venvs.VenvUnavailable as e:
         pytest.skip(f"tritonclient side venv unavailable: {e}")
 

@@ -43,6 +43,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
         overrides.setdefault("server", {})["listen"] = args.listen
+    if args.metrics_listen is not None:
+        overrides.setdefault("metrics", {})["listen"] = args.metrics_listen
     if args.backend:
         overrides.setdefault("engine", {})["backend"] = args.backend
     if args.thermal:
@@ -275,7 +277,8 @@ def _parser() -> _Parser:
     p = sub.add_parser("serve", help="run the gRPC daemon")
     p.add_argument("--config", type=Path, help="TOML config (default: built-in defaults)")
     p.add_argument("--listen", action="append", help="address to bind (repeatable), e.g. 127.0.0.1:50051, unix:/path")
-    p.add_argument("--backend", help="engine backend: auto, onnxruntime-cpu, onnxruntime-cuda, fake")
+    p.add_argument("--metrics-listen", help='Prometheus /metrics address (default 127.0.0.1:9400; "" = off)')
+    p.add_argument("--backend", help="engine backend: auto, onnxruntime-cpu, onnxruntime-cuda, fake, triton")
     p.add_argument("--precision", help="model artifact precision (default: the manifest's)")
     p.add_argument("--thermal", choices=["auto", "nvml", "none", "sim"], help="thermal sensor")
     p.add_argument("--no-overlap", action="store_true", help="preprocess on the engine thread (sequential)")

@@ -132,7 +132,7 @@ class ThermalSection:
 class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint."""
 
-    listen: str = ""  # e.g. "127.0.0.1:9108"; "" = off
+    listen: str = "127.0.0.1:9400"  # host:port of /metrics (port 0: any); "" = off
     window: int = 2048  # samples kept for percentiles
 
 

@@ -18,6 +18,8 @@ BACKENDS: dict[str, str] = {
     "onnxruntime-cuda": "appliance.engines.onnxruntime:OrtCudaEngine",
     "onnxruntime-cpu": "appliance.engines.onnxruntime:OrtCpuEngine",
     "fake": "appliance.engines.fake:FakeEngine",
+    # remote: batches run on a Triton server (engine.options.url); never chosen by "auto"
+    "triton": "appliance.engines.triton:TritonEngine",
 }
 
 #: What "auto" tries, best first. The fake engine is never chosen automatically.

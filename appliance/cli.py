@@ -252,10 +252,15 @@ def _cmd_thermal_sim(argv: list[str]) -> int:
 def _cmd_models(argv: list[str]) -> int:
     from appliance.modelbuild import cli as models_cli
 
-    if not argv or argv[0] not in ("build", "eval"):
-        print("usage: appliance models {build,eval} NAME [options]", file=sys.stderr)
+    commands = dict(models_cli.COMMANDS)
+    if argv and argv[0] == "build-engine":  # TensorRT plan for this GPU (appliance.engines.trt_build)
+        from appliance.engines.trt_build import build_engine_main
+
+        return build_engine_main(argv[1:])
+    if not argv or argv[0] not in commands:
+        print("usage: appliance models {build,eval,derive,build-engine} NAME [options]", file=sys.stderr)
         return 2
-    return models_cli.build_main(argv[1:]) if argv[0] == "build" else models_cli.eval_main(argv[1:])
+    return commands[argv[0]](argv[1:])
 
 
 DELEGATED = {"bench": _cmd_bench, "thermal-sim": _cmd_thermal_sim, "models": _cmd_models}

@@ -82,7 +82,7 @@ def _time(engine: Any, batch: np.ndarray, runs: int = 50) -> dict[str, float]:
 
 
 def _engine_check(name: str, engine: Any, manifest: Any, precision: str, x: np.ndarray,
-                  labels: np.ndarray) -> tuple[Any, dict[str, Any]]:
+                  labels: np.ndarray, timing_runs: int = 50) -> tuple[Any, dict[str, Any]]:
     """Load ``engine``, compare with ORT-CPU on the same artifact, time it, AUC on (x, labels)."""
     from appliance.engines.onnxruntime import OrtCpuEngine
     from appliance.errors import ApplianceError
@@ -101,7 +101,7 @@ def _engine_check(name: str, engine: Any, manifest: Any, precision: str, x: np.n
         diff = max(float(np.max(np.abs(ref[k] - got[k]))) for k in ref)
         data: dict[str, Any] = {"backend": engine.backend, "precision": precision, "load_s": load_s,
                                 "max_abs_diff_vs_cpu": diff, "tolerance": artifact.tolerance,
-                                **_time(engine, batch)}
+                                **_time(engine, batch, timing_runs)}
         data["auc"] = round(auc(_predict(engine, x), labels), 4)
         data["auc_cpu"] = round(auc(_predict(cpu, x), labels), 4)
         data["n_slices"] = len(x)
@@ -118,8 +118,8 @@ def _engine_check(name: str, engine: Any, manifest: Any, precision: str, x: np.n
         engine.close()
 
 
-def _end_to_end(nvml: Any, requests: int = 200) -> Any:
-    """p50/p99 through ``appliance serve --backend tensorrt`` on loopback, GPU temperature sampled meanwhile."""
+def _end_to_end(nvml: Any, backend: str = "tensorrt", requests: int = 200) -> Any:
+    """p50/p99 through ``appliance serve --backend <backend>`` on loopback, GPU temperature sampled meanwhile."""
     import tempfile
     from pathlib import Path
 
@@ -131,27 +131,28 @@ def _end_to_end(nvml: Any, requests: int = 200) -> Any:
 
     def sample() -> None:
         while not stop.wait(0.5):
-            try:
-                temps.append(float(nvml.nvml.nvmlDeviceGetTemperature(nvml.handle, 0)))
-            except Exception:  # noqa: BLE001 - a missed sample is not a failure
-                pass
+            reading = nvml.read()
+            if reading.temp_c is not None:
+                temps.append(float(reading.temp_c))
 
-    files = synthetic.workload("mixed", 32, 7)
+    files = synthetic.workload("mixed", min(32, requests), 7)
     with tempfile.TemporaryDirectory(prefix="appliance-doctor-") as tmp:
-        daemon = _Daemon(["--backend", "tensorrt"], Path(tmp) / "daemon.log")
+        daemon = _Daemon(["--backend", backend], Path(tmp) / "daemon.log")
         try:
             daemon.wait_serving(timeout_s=900)
-            asyncio.run(run_load(daemon.target, files, concurrency=16, duration_s=None, requests=32))
+            asyncio.run(run_load(daemon.target, files, concurrency=16, duration_s=None, requests=min(32, requests)))
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
-            report = asyncio.run(run_load(daemon.target, files, concurrency=16, duration_s=None, requests=requests))
+            report = asyncio.run(run_load(daemon.target, files, concurrency=16, duration_s=None,
+                                          requests=requests))
         except (RuntimeError, TimeoutError) as e:
-            return _check("end-to-end (daemon)", False, f"the daemon did not serve on tensorrt: {e}")
+            return _check("end-to-end (daemon)", False, f"the daemon did not serve on {backend}: {e}")
         finally:
             stop.set()
             daemon.stop()
     lat = report.get("latency_ms", {})
-    data = {"latency_ms": lat, "throughput_per_s": report.get("throughput_per_s"), "errors": report.get("errors"),
+    data = {"backend": backend, "latency_ms": lat, "throughput_per_s": report.get("throughput_per_s"),
+            "errors": report.get("errors"),
             "gpu_temp_c": {"max": max(temps) if temps else None,
                            "mean": round(float(np.mean(temps)), 1) if temps else None, "samples": len(temps)}}
     ok = not report.get("errors")
@@ -160,8 +161,15 @@ def _end_to_end(nvml: Any, requests: int = 200) -> Any:
                   f"GPU {data['gpu_temp_c']['max']} °C max during the run", data)
 
 
-def check_gpu(config: Any, manifest: Any, *, e2e: bool = True) -> tuple[list[Any], bool]:
-    """Run the GPU self-test; return (checks, no_gpu)."""
+def check_gpu(config: Any, manifest: Any, *, e2e: bool = True, cudart: Any = None, trt_module: Any = None,
+              nvml: Any = None, cache_dir: Any = None, e2e_backend: str = "tensorrt", slices: int = 64,
+              timing_runs: int = 50, e2e_requests: int = 200) -> tuple[list[Any], bool]:
+    """Run the GPU self-test; return (checks, no_gpu).
+
+    ``cudart``, ``trt_module`` and ``nvml`` (a ``pynvml``-like module) default to the real libraries; tests
+    pass the shipped fakes. ``e2e_backend`` is the backend of the end-to-end daemon run; ``slices``,
+    ``timing_runs`` and ``e2e_requests`` size the AUC set, the per-batch timing and the daemon run.
+    """
     from appliance.engines.cuda import probe_device
     from appliance.engines.onnxruntime import OrtCudaEngine
     from appliance.engines.tensorrt import TensorrtEngine
@@ -169,7 +177,7 @@ def check_gpu(config: Any, manifest: Any, *, e2e: bool = True) -> tuple[list[Any
     from appliance.thermometers import NvmlThermometer
 
     checks = [_environment()]
-    device = probe_device()
+    device = probe_device(cudart)
     if not device.ok:
         checks.append(_check("gpu", False, f"NO USABLE NVIDIA GPU on this machine: {device.reason}",
                              device.as_dict()))
@@ -179,16 +187,15 @@ def check_gpu(config: Any, manifest: Any, *, e2e: bool = True) -> tuple[list[Any
                                           f"{device.total_memory_bytes / 2**30:.1f} GiB, CUDA driver "
                                           f"{device.driver_version}, runtime {device.runtime_version}",
                              device.as_dict()))
-    nvml = NvmlThermometer()
+    nvml = NvmlThermometer(nvml=nvml)
     if nvml.available:
         pynvml = nvml.nvml
         checks.append(_check("nvml", True, f"{pynvml.nvmlDeviceGetName(nvml.handle)}, driver "
-                                           f"{pynvml.nvmlSystemGetDriverVersion()}, "
-                                           f"{pynvml.nvmlDeviceGetTemperature(nvml.handle, 0)} °C"))
+                                           f"{pynvml.nvmlSystemGetDriverVersion()}, {nvml.read().temp_c} °C"))
     else:
         checks.append(_check("nvml", False, nvml.why_unavailable))
     try:
-        trt = import_tensorrt()
+        trt = trt_module or import_tensorrt()
         problem = version_problem(trt.__version__)
         checks.append(_check("tensorrt import", problem is None, problem or f"tensorrt {trt.__version__}"))
     except ImportError as e:
@@ -196,13 +203,15 @@ def check_gpu(config: Any, manifest: Any, *, e2e: bool = True) -> tuple[list[Any
     if not device.ok or manifest is None:
         nvml.close()
         return checks, not device.ok
-    x, labels = _slices(manifest, 64, 9000)
+    x, labels = _slices(manifest, slices, 9000)
     results = {}
     for precision in ("w4a16", "fp16"):
         if precision not in manifest.artifacts:
             continue
-        engine = TensorrtEngine(manifest, manifest.artifact(precision), {"precision": precision})
-        check, results[precision] = _engine_check(f"tensorrt {precision}", engine, manifest, precision, x, labels)
+        options = {"precision": precision, "trt_module": trt_module, "cudart": cudart, "cache_dir": cache_dir}
+        engine = TensorrtEngine(manifest, manifest.artifact(precision), {k: v for k, v in options.items() if v})
+        check, results[precision] = _engine_check(f"tensorrt {precision}", engine, manifest, precision, x, labels,
+                                                  timing_runs)
         checks.append(check)
     if len(results) == 2 and all(results.values()):
         w, f = results["w4a16"], results["fp16"]
@@ -216,8 +225,9 @@ def check_gpu(config: Any, manifest: Any, *, e2e: bool = True) -> tuple[list[Any
     else:
         precision = config.model.precision or manifest.default_precision
         engine = OrtCudaEngine(manifest, manifest.artifact(precision), {})
-        checks.append(_engine_check("engine onnxruntime-cuda", engine, manifest, precision, x, labels)[0])
+        checks.append(_engine_check("engine onnxruntime-cuda", engine, manifest, precision, x, labels,
+                                    timing_runs)[0])
     if e2e and results.get("w4a16"):
-        checks.append(_end_to_end(nvml))
+        checks.append(_end_to_end(nvml, e2e_backend, e2e_requests))
     nvml.close()
     return checks, False

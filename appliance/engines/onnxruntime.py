@@ -259,6 +259,8 @@ class OrtCudaEngine(_OrtGpuEngine):
 
     name = "onnxruntime-cuda"
     PROVIDER = "CUDAExecutionProvider"
+    #: Where the bound buffers live (tests bind on "cpu" to exercise the binding path without a GPU).
+    BIND_DEVICE: ClassVar[str] = "cuda"
 
     def _providers(self) -> list[Any]:
         opts = {
@@ -276,8 +278,9 @@ class OrtCudaEngine(_OrtGpuEngine):
         ort = _ort()
         device = int(self.options.get("device_id", 0))
         self._input = ort.OrtValue.ortvalue_from_numpy(
-            np.zeros((self.batch_size, *self.item_shape), np.float32), "cuda", device)
-        self._outputs = {o.name: ort.OrtValue.ortvalue_from_shape_and_type(list(o.shape), np.float32, "cuda", device)
+            np.zeros((self.batch_size, *self.item_shape), np.float32), self.BIND_DEVICE, device)
+        self._outputs = {o.name: ort.OrtValue.ortvalue_from_shape_and_type(list(o.shape), np.float32,
+                                                                           self.BIND_DEVICE, device)
                          for o in self.manifest.outputs}
         self._binding = self._session.io_binding()
         self._binding.bind_ortvalue_input(self.input_name, self._input)

@@ -233,3 +233,29 @@ def test_why_unavailable_names_tensorrt_and_the_device_on_this_box() -> None:
         import tensorrt  # noqa: F401
     except ImportError:
         assert why is not None and "tensorrt is not installed" in why and "pypi.nvidia.com" in why
+
+
+def test_build_engine_command_names_what_is_missing_here(capsys) -> None:
+    from appliance.cli import main as cli_main
+
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("tensorrt is installed here")
+    assert cli_main(["models", "build-engine", "ct-nodule"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: tensorrt is not installed") and "tensorrt-cu13>=10.13,<11" in err
+
+
+def test_ensure_plan_from_build_engine_reports_built_then_cached(manifest, tmp_path):
+    from appliance.engines.cuda import probe_device
+
+    device = probe_device(fake_cudart)
+    _, first = ensure_plan(fake_tensorrt, manifest, manifest.artifact("w4a16"), device, cache_dir=tmp_path)
+    _, second = ensure_plan(fake_tensorrt, manifest, manifest.artifact("w4a16"), device, cache_dir=tmp_path)
+    _, forced = ensure_plan(fake_tensorrt, manifest, manifest.artifact("w4a16"), device, cache_dir=tmp_path,
+                            force=True)
+    assert (first["built"], second["built"], forced["built"]) == (True, False, True)
+    assert forced["reason"] == "forced" and first["key_sha256"] == second["key_sha256"] == forced["key_sha256"]

@@ -220,7 +220,8 @@ def _build(trt: Any, onnx_path: Path, key: PlanKey, timing_path: Path, notifier:
         log.warning("timing cache %s does not match this TensorRT/GPU; starting a new one", timing_path)
         config.set_timing_cache(config.create_timing_cache(b""), False)
     with _Heartbeat(notifier, progress, f"{key.model} {key.precision}") as heartbeat:
-        config.progress_monitor = _progress_monitor(trt, heartbeat)
+        monitor = _progress_monitor(trt, heartbeat)  # kept referenced here for the whole build
+        config.progress_monitor = monitor
         t0 = time.monotonic()
         plan = builder.build_serialized_network(network, config)
         seconds = time.monotonic() - t0

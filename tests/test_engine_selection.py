@@ -160,3 +160,27 @@ def test_backends_json_lists_every_backend_with_a_reason_or_none(capsys) -> None
         assert entry["available"] is (entry["reason"] is None)
     assert engines == {k: {"available": v is None, "reason": v, "needs": engines[k]["needs"]}
                        for k, v in backend_report().items() if k != "fake"}
+
+
+def _provider_strings(short: str) -> set[str]:
+    import re
+
+    import onnxruntime as ort
+
+    lib = Path(ort.__file__).parent / "capi" / f"libonnxruntime_providers_{short}.so"
+    return {m.decode() for m in re.findall(rb"[A-Za-z_][A-Za-z0-9_]{2,80}(?=\0)", lib.read_bytes())}
+
+
+@pytest.mark.skipif(not GPU_WHEEL, reason="needs onnxruntime-gpu (the [gpu] extra venv)")
+def test_provider_option_names_exist_in_the_real_provider_libraries(tmp_path) -> None:
+    from appliance.engines.onnxruntime import OrtTensorrtEngine
+
+    manifest = load_manifest(MODEL_DIR / "model.toml")
+    (cuda_name, cuda_opts), = OrtCudaEngine(manifest, manifest.artifact(), {"gpu_mem_limit": 1 << 30})._providers()
+    trt_engine = OrtTensorrtEngine(manifest, manifest.artifact(), {"cache_dir": tmp_path})
+    (trt_name, trt_opts), (_, _) = trt_engine._providers()
+    cuda_names, trt_names = _provider_strings("cuda"), _provider_strings("tensorrt")
+    assert "NoSuchProviderOption" not in cuda_names
+    assert set(cuda_opts) <= cuda_names and {"HEURISTIC", "kSameAsRequested"} <= cuda_names
+    assert set(trt_opts) <= trt_names, sorted(set(trt_opts) - trt_names)
+    assert (cuda_name, trt_name) == ("CUDAExecutionProvider", "TensorrtExecutionProvider")

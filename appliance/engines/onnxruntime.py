@@ -301,8 +301,9 @@ class OrtCudaEngine(_OrtGpuEngine):
 class OrtTensorrtEngine(_OrtGpuEngine):
     """ONNX Runtime's TensorRT provider (TensorRT 10 libraries), with its engine and timing caches.
 
-    Runs the strongly typed W4A16 artifact by default (option ``precision``); the CUDA provider is listed
-    second so nodes TensorRT rejects run on CUDA, never on the CPU.
+    Runs the W4A16 artifact by default (option ``precision``); the CUDA provider is listed second so nodes
+    TensorRT rejects run on CUDA, never on the CPU. The provider (onnxruntime-gpu 1.31) builds weakly typed
+    networks, so ``trt_fp16_enable`` is set; the direct ``tensorrt`` backend is the strongly typed one.
     """
 
     name = "onnxruntime-tensorrt"
@@ -334,5 +335,8 @@ class OrtTensorrtEngine(_OrtGpuEngine):
             "trt_max_workspace_size": str(int(self.options.get("workspace_bytes", 2 << 30))),
             "trt_builder_optimization_level": str(int(self.options.get("optimization_level", 3))),
             "trt_cuda_graph_enable": "True" if self.options.get("cuda_graph", True) else "False",
+            # This provider builds weakly typed TensorRT 10 networks (it has no strongly typed option), where
+            # FP16 layers need the FP16 flag; the graph's own FLOAT16 tensors and INT4 DQ still set the types.
+            "trt_fp16_enable": "True",
         }
         return [(self.PROVIDER, trt_opts), ("CUDAExecutionProvider", {"device_id": trt_opts["device_id"]})]

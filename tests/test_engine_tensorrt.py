@@ -259,3 +259,14 @@ def test_ensure_plan_from_build_engine_reports_built_then_cached(manifest, tmp_p
                             force=True)
     assert (first["built"], second["built"], forced["built"]) == (True, False, True)
     assert forced["reason"] == "forced" and first["key_sha256"] == second["key_sha256"] == forced["key_sha256"]
+
+
+def test_precision_check_reads_datatypes_not_names() -> None:
+    from appliance.engines.trt_build import _type_text
+
+    shuffle = {"Name": "int4_fp16_half_named_layer", "LayerType": "Shuffle",
+               "Outputs": [{"Name": "int4_out", "Format/Datatype": "Row major linear FP32 format"}]}
+    gemm = {"Name": "gemm", "Inputs": [{"Format/Datatype": "Row major linear FP16 format"}]}
+    info = json.dumps({"Layers": [shuffle, gemm], "Bindings": ["int4_in"]})
+    text = _type_text(info)
+    assert "int4" not in text.lower() and "FP16" in text and "FP32" in text

@@ -259,7 +259,7 @@ def verify_engine(trt: Any, engine: Any, manifest: Manifest, artifact: Artifact)
         found[name] = (mode, tuple(engine.get_tensor_shape(name)), _dtype_name(trt, engine.get_tensor_dtype(name)))
     if found != expected:
         raise EngineError(f"TensorRT engine I/O {found} does not match the manifest {expected}")
-    info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    info = _type_text(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
     counts = {
         "int4": len(re.findall(r"\bint4\b|kINT4", info, re.IGNORECASE)),
         "fp16": len(re.findall(r"\bfp16\b|\bhalf\b|kHALF", info, re.IGNORECASE)),
@@ -272,6 +272,31 @@ def verify_engine(trt: Any, engine: Any, manifest: Manifest, artifact: Artifact)
         raise EngineError(f"TensorRT engine for {artifact.path.name} has no FP16 layers: a silent FP32 build "
                           f"(inspector counts {counts})")
     return {"io": {k: list(v) for k, v in found.items()}, "inspector_counts": counts}
+
+
+def _type_text(info: str) -> str:
+    """The inspector JSON's values without layer/tensor names (so a name like "fp16_cast" counts for nothing).
+
+    Precision shows in fields such as ``"Format/Datatype": "Row major linear FP16 format"``.
+    """
+    try:
+        data = json.loads(info)
+    except ValueError:
+        return info
+    parts: list[str] = []
+
+    def walk(node: Any, key: str = "") -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, k)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, key)
+        elif key not in ("Name", "Bindings") and isinstance(node, str):
+            parts.append(node)
+
+    walk(data)
+    return "\n".join(parts)
 
 
 def ensure_plan(trt: Any, manifest: Manifest, artifact: Artifact, device: Any, *, cache_dir: Path,

@@ -184,3 +184,21 @@ def test_provider_option_names_exist_in_the_real_provider_libraries(tmp_path) ->
     assert set(cuda_opts) <= cuda_names and {"HEURISTIC", "kSameAsRequested"} <= cuda_names
     assert set(trt_opts) <= trt_names, sorted(set(trt_opts) - trt_names)
     assert (cuda_name, trt_name) == ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def test_daemon_with_auto_serves_on_the_cpu_here_and_logs_why_not_the_gpu(tmp_path) -> None:
+    """The issue's trap: with [gpu] and no GPU, `serve` used to refuse ("fallback to CPU EP ... disabled")."""
+    from appliance.bench import _Daemon
+
+    if OrtCudaEngine.why_unavailable() is None:
+        pytest.skip("CUDA works here")
+    daemon = _Daemon(["--backend", "auto"], tmp_path / "daemon.log")
+    try:
+        daemon.wait_serving(timeout_s=120)
+    finally:
+        daemon.stop()
+    log = (tmp_path / "daemon.log").read_text()
+    assert "engine backend onnxruntime-cuda skipped: " in log
+    assert "engine backend tensorrt skipped: " in log
+    assert "engine backend auto -> onnxruntime-cpu" in log
+    assert "fallback to CPU EP has been explicitly disabled" not in log

@@ -10,7 +10,8 @@ uses) exists in the real ``tensorrt`` bindings, read from the wheel's shared lib
   returns a "plan" that embeds the graph; :data:`STATE` can make it drop INT4 (a silent FP32 build), change
   an output, or fail;
 * ``Runtime.deserialize_cuda_engine`` returns None for bytes that are not a plan of this version;
-* the inspector's JSON names each layer's precision ("Int4", "Half", "Float");
+* the inspector's JSON names each tensor's format as TensorRT 10 does ("Row major linear FP16 format"; the
+  INT4 wording is assumed, docs/gpu.md section 10);
 * ``execute_async_v3`` enqueues, on the fake CUDA stream (:mod:`appliance.engines.fake_cudart`), a kernel
   that reads the input at the tensor addresses set *at enqueue time* (so CUDA-graph capture bakes them in)
   and writes ONNX Runtime CPU's outputs for the embedded graph: the fake engine computes what ORT computes.
@@ -343,10 +344,11 @@ class _Inspector:
         self.facts = facts
 
     def get_engine_information(self, format: LayerInformationFormat) -> str:  # noqa: A002 - the real name
-        act = "Half" if self.facts["fp16"] else "Float"
+        act = "Row major linear FP16 format" if self.facts["fp16"] else "Row major linear FP32 format"
         layers = [{"Name": "input_cast", "LayerType": "Reformat", "Outputs": [{"Format/Datatype": act}]}]
         if self.facts["int4"]:
-            layers.append({"Name": "weights_dq", "LayerType": "Constant", "Outputs": [{"Format/Datatype": "Int4"}]})
+            layers.append({"Name": "weights_dq", "LayerType": "Constant",
+                           "Outputs": [{"Format/Datatype": "Row major linear Int4 format"}]})
         layers.append({"Name": "gemm", "LayerType": "Gemm", "Inputs": [{"Format/Datatype": act}],
                        "Outputs": [{"Format/Datatype": act}]})
         return json.dumps({"Layers": layers, "Bindings": [t["name"] for t in self.facts["inputs"] +

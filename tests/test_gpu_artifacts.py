@@ -100,3 +100,14 @@ def test_fp16_activations_stay_within_the_recorded_tolerance(manifest: Manifest,
     assert float(np.abs(p_a - p_b).max()) <= art.tolerance
     assert float(np.abs(m_a - m_b).max()) <= art.tolerance
     assert float(np.abs(p_a - p_b).max()) > 0  # it really runs FP16 tensors, not the FP32 twin
+
+
+def test_model_card_gpu_section_is_current() -> None:
+    import tomllib
+
+    from appliance.modelbuild.card import GPU_BEGIN, with_gpu_section
+
+    card = (MODEL_DIR / "README.md").read_text(encoding="utf-8")
+    data = tomllib.loads((MODEL_DIR / "model.toml").read_text(encoding="utf-8"))
+    assert card.count(GPU_BEGIN) == 1
+    assert with_gpu_section(card, data) == card  # regenerating changes nothing

@@ -4,7 +4,8 @@
 ``<name>.w4a16.onnx`` next to the FP32 file (deterministically: the same bytes every run for the same
 onnx/onnxruntime versions), evaluates them on the manifest's held-out seed with the same code as
 ``appliance models eval``, and adds ``[artifacts.fp16]``, ``[artifacts.w4a16]`` and their ``[metrics.*]`` to
-``model.toml``, leaving every other entry (and the default precision) as it is. ``--check`` writes nothing
+``model.toml`` (and a section of the model card ``README.md``), leaving every other entry (and the default
+precision) as it is. ``--check`` writes nothing
 and fails if the committed files differ from a fresh derivation.
 
 How ONNX Runtime on the CPU runs a FLOAT16 graph: it has FP16 kernels for few ops, so its graph optimizer
@@ -163,6 +164,12 @@ def derive(model_dir: Path, *, seed: int | None = None, n: int = 2000, check: bo
     toml_path = model_dir / "model.toml"
     toml_path.write_text(_merge(toml_path.read_text(encoding="utf-8"), artifacts, metrics), encoding="utf-8")
     load_manifest(toml_path)  # what we wrote must load
+    card_path = model_dir / "README.md"
+    if card_path.is_file():
+        from appliance.modelbuild.card import with_gpu_section
+
+        data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+        card_path.write_text(with_gpu_section(card_path.read_text(encoding="utf-8"), data), encoding="utf-8")
     return {"check": False, "artifacts": artifacts, "metrics": metrics, "ok": True}
 
 

@@ -270,3 +270,21 @@ def test_precision_check_reads_datatypes_not_names() -> None:
     info = json.dumps({"Layers": [shuffle, gemm], "Bindings": ["int4_in"]})
     text = _type_text(info)
     assert "int4" not in text.lower() and "FP16" in text and "FP32" in text
+
+
+def test_failed_graph_capture_falls_back_to_direct_enqueue(manifest, tmp_path, batch, reference):
+    fake_cudart.STATE.fail["cudaGraphInstantiate"] = fake_cudart.cudaError_t.cudaErrorMemoryAllocation
+    engine = make(manifest, tmp_path)
+    engine.load()
+    engine.warmup()
+    assert not engine.graph_captured and "cudaErrorMemoryAllocation" in engine.graph_error
+    assert all(s.capture is None for s in fake_cudart.STATE.streams)  # no stream left in capture mode
+    np.testing.assert_array_equal(engine.run(batch)["prob"], reference["prob"])
+    engine.close()
+
+
+def test_allocation_failure_is_backend_unavailable_and_frees_what_it_got(manifest, tmp_path):
+    fake_cudart.STATE.fail["cudaMalloc"] = fake_cudart.cudaError_t.cudaErrorMemoryAllocation
+    with pytest.raises(BackendUnavailable, match="cudaMalloc failed: cudaErrorMemoryAllocation"):
+        make(manifest, tmp_path).load()
+    assert fake_cudart.STATE.live_allocations() == 0

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from appliance.engines.base import Engine, EngineOptions
-from appliance.errors import BackendUnavailable
+from appliance.errors import BackendUnavailable, EngineError
 
 __all__ = ["AUTO_ORDER", "BACKENDS", "AutoEngine", "Engine", "EngineOptions", "backend_report", "resolve"]
 
@@ -120,7 +120,7 @@ class AutoEngine(Engine):
                 engine = cls(self.manifest, self.artifact, self.options)
                 try:
                     engine.load()
-                except BackendUnavailable as e:
+                except (BackendUnavailable, EngineError) as e:  # e.g. a CUDA call failing: try the next
                     reason = f"failed to load: {e}"
                     engine.close()
                 else:

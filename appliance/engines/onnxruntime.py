@@ -275,6 +275,13 @@ class OrtCudaEngine(_OrtGpuEngine):
         return [(self.PROVIDER, opts)]
 
     def _bind(self) -> None:
+        try:
+            self._bind_buffers()
+        except Exception as e:  # ORT's own exception types: the device buffers cannot be made
+            self._session = None
+            raise BackendUnavailable(f"onnxruntime could not bind {self.BIND_DEVICE} buffers: {e}") from e
+
+    def _bind_buffers(self) -> None:
         ort = _ort()
         device = int(self.options.get("device_id", 0))
         self._input = ort.OrtValue.ortvalue_from_numpy(

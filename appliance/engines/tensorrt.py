@@ -80,6 +80,7 @@ class TensorrtEngine(Engine):
         self._next_slot = 0
         self._device_name = "not loaded"
         self.build_report: dict[str, Any] = {}
+        self.graph_error: str | None = None  # why CUDA graphs are not used, if capture failed
 
     @classmethod
     def why_unavailable(cls) -> str | None:
@@ -154,7 +155,11 @@ class TensorrtEngine(Engine):
         self._context = self._engine.create_execution_context()
         if self._context is None:
             raise BackendUnavailable("TensorRT could not create an execution context (out of device memory?)")
-        self._allocate()
+        try:
+            self._allocate()
+        except EngineError as e:
+            self.close()
+            raise BackendUnavailable(f"TensorRT buffers could not be allocated: {e}") from e
         self._loaded = True
         log.info("engine loaded: %s %s on %s (%s)", self.manifest.name, self.precision, self.backend,
                  "built" if self.build_report.get("built") else "cached plan")
@@ -203,25 +208,42 @@ class TensorrtEngine(Engine):
         self._call("cudaEventRecord", self._events["done"][slot], stream)
 
     def warmup(self, runs: int = 2) -> None:
-        """Run zero batches through both slots, then capture one CUDA graph per slot (option ``cuda_graph``)."""
+        """Run zero batches through both slots, then capture one CUDA graph per slot (option ``cuda_graph``).
+
+        A capture that fails is logged and the engine keeps enqueueing ``execute_async_v3`` directly
+        (:attr:`graph_error` says why): slower, never wrong.
+        """
         super().warmup(max(runs, SLOTS))
-        if self.options.get("cuda_graph", True) and not self._graph_execs:
-            self._capture()
-            super().warmup(SLOTS)  # replay once per slot before READY
+        if self.options.get("cuda_graph", True) and not self._graph_execs and self.graph_error is None:
+            try:
+                self._capture()
+            except EngineError as e:
+                self.graph_error = str(e)
+                log.warning("TensorRT: CUDA graph capture failed, running without graphs: %s", e)
+            super().warmup(SLOTS)  # replay (or run) once per slot before READY
 
     def _capture(self) -> None:
         stream = self._streams["compute"]
         mode = self._cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal
         execs = []
-        for slot in range(SLOTS):
-            self._bind(slot)
-            self._call("cudaStreamBeginCapture", stream, mode)
-            ok = self._context.execute_async_v3(int(stream))
-            graph = self._call("cudaStreamEndCapture", stream)
-            if not ok:
-                raise EngineError("TensorRT execute_async_v3 failed during CUDA graph capture")
-            self._graphs.append(graph)
-            execs.append(self._call("cudaGraphInstantiate", graph, 0))
+        try:
+            for slot in range(SLOTS):
+                self._bind(slot)
+                self._call("cudaStreamBeginCapture", stream, mode)
+                ok = self._context.execute_async_v3(int(stream))
+                graph = self._call("cudaStreamEndCapture", stream)
+                self._graphs.append(graph)
+                if not ok:
+                    raise EngineError("TensorRT execute_async_v3 failed during CUDA graph capture")
+                execs.append(self._call("cudaGraphInstantiate", graph, 0))
+        except EngineError:
+            self._cudart.cudaStreamEndCapture(stream)  # leave capture mode if the error came mid-capture
+            for g in execs:
+                self._cudart.cudaGraphExecDestroy(g)
+            for g in self._graphs:
+                self._cudart.cudaGraphDestroy(g)
+            self._graphs = []
+            raise
         self._graph_execs = execs
         log.info("TensorRT: captured %d CUDA graphs (one per buffer slot)", len(execs))
 

@@ -23,8 +23,7 @@ from appliance.errors import BackendUnavailable
 from appliance.manifest import load_manifest
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
-GPU_WHEEL = importlib.metadata.distributions(name="onnxruntime-gpu") and any(
-    True for _ in importlib.metadata.distributions(name="onnxruntime-gpu"))
+GPU_WHEEL = any(True for _ in importlib.metadata.distributions(name="onnxruntime-gpu"))
 
 
 def test_auto_order_is_tensorrt_then_ort_trt_then_cuda_then_cpu() -> None:

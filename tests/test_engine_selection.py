@@ -19,7 +19,7 @@ from appliance.cli import main as cli_main
 from appliance.engines import AUTO_ORDER, AutoEngine, backend_report, resolve
 from appliance.engines.fake import FakeEngine
 from appliance.engines.onnxruntime import OrtCudaEngine, check_distributions, probe_provider
-from appliance.errors import BackendUnavailable
+from appliance.errors import BackendUnavailable, EngineError
 from appliance.manifest import load_manifest
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
@@ -201,3 +201,17 @@ def test_daemon_with_auto_serves_on_the_cpu_here_and_logs_why_not_the_gpu(tmp_pa
     assert "engine backend tensorrt skipped: " in log
     assert "engine backend auto -> onnxruntime-cpu" in log
     assert "fallback to CPU EP has been explicitly disabled" not in log
+
+
+def test_default_submit_result_is_synchronous_depth_one_and_auto_delegates() -> None:
+    manifest = load_manifest(MODEL_DIR / "model.toml")
+    engine = AutoEngine(manifest, manifest.artifact(), {"auto_order": ("works",), "auto_classes": {"works": _Works}})
+    engine.load()
+    assert engine.max_in_flight == 1
+    x = np.full((8, 1, 256, 256), 0.25, np.float32)
+    ticket = engine.submit(x)
+    with pytest.raises(EngineError, match="already in flight"):
+        engine.submit(x)
+    assert float(engine.result(ticket)["prob"][0, 0]) == pytest.approx(0.25)
+    with pytest.raises(EngineError, match="not submitted"):
+        engine.result(ticket)

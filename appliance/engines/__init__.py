@@ -147,6 +147,19 @@ class AutoEngine(Engine):
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         return self._require()._run(batch)
 
+    @property
+    def max_in_flight(self) -> int:  # type: ignore[override]
+        """The chosen backend's pipelining depth."""
+        return self.chosen.max_in_flight if self.chosen is not None else 1
+
+    def submit(self, batch: np.ndarray) -> Any:
+        """The chosen backend's :meth:`~appliance.engines.base.Engine.submit`."""
+        return self._require().submit(batch)
+
+    def result(self, ticket: Any) -> dict[str, np.ndarray]:
+        """The chosen backend's :meth:`~appliance.engines.base.Engine.result`."""
+        return self._require().result(ticket)
+
     def close(self) -> None:
         """Close the chosen backend."""
         if self.chosen is not None:

@@ -56,6 +56,7 @@ class TensorrtEngine(Engine):
     """
 
     name = "tensorrt"
+    max_in_flight = 2  # SLOTS
     DEPENDENCIES: ClassVar[dict[str, str]] = {
         "tensorrt-cu13": "TensorRT >=10.13,<11 from NVIDIA's index (docs/gpu.md)",
         "cuda-bindings": "the CUDA runtime binding (the [gpu] extra)",

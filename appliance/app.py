@@ -185,7 +185,7 @@ class App:
         return pb.Model(
             name=self.manifest.name,
             version=self.manifest.version,
-            precision=self.artifact.precision,
+            precision=self.engine.precision,
             backend=self.engine.backend,
             batch_size=self.engine.batch_size,
         )
@@ -310,16 +310,20 @@ class App:
         timeout = self.config.workers.start_timeout_s
         if not await asyncio.get_running_loop().run_in_executor(None, self.pool.wait_started, timeout):
             raise Unavailable(f"preprocessing workers did not start within {timeout} s (workers.start_timeout_s)")
+        for name, why in getattr(self.engine, "skipped", {}).items():  # "auto" chooses at load time
+            log.warning("engine backend %s skipped: %s", name, why)
         log.info(
             "engine ready: %s on %s, B=%d, %.1f ms/batch after warm-up",
-            self.artifact.precision,
+            self.engine.precision,
             self.engine.backend,
             self.engine.batch_size,
             self.batcher.batch_s_estimate * 1e3,
         )
-        self.path.model = dataclasses.replace(self.path.model, backend=self.engine.backend)
+        self.path.model = dataclasses.replace(
+            self.path.model, backend=self.engine.backend, precision=self.engine.precision
+        )
         self.metrics.set_build_info(
-            model=self.manifest.name, precision=self.artifact.precision, backend=self.engine.backend
+            model=self.manifest.name, precision=self.engine.precision, backend=self.engine.backend
         )
         await self.health.set_serving()
         thermal_task = asyncio.create_task(self._thermal_loop(), name="thermal")

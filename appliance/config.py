@@ -100,7 +100,7 @@ class ModelConfig:
 class EngineConfig:
     """``[engine]``: the backend and its threads."""
 
-    backend: str = "auto"  # "auto", "onnxruntime-cpu", "onnxruntime-cuda", "fake"
+    backend: str = "auto"  # "auto", "tensorrt", "onnxruntime-tensorrt", "onnxruntime-cuda", "onnxruntime-cpu", "fake"
     intra_op_threads: int = 1  # cores for the engine; the rest decode DICOM
     allow_spinning: bool = True  # ORT intra-op spinning
     warmup_runs: int = 3

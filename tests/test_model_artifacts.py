@@ -116,7 +116,7 @@ def test_small_eval_runs_and_is_sane() -> None:
         )
     assert rc == 0
     result = json.loads(buf.getvalue())
-    assert set(result["metrics"]) == {"fp32", "int4"}
+    assert set(result["metrics"]) == {"fp32", "int4", "fp16", "w4a16"}
     for m in result["metrics"].values():
         assert m["n"] == 64 and 0 < m["n_pos"] < 64
         assert m["auc"] >= 0.75

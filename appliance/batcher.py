@@ -367,45 +367,68 @@ class Batcher:
             self._die(error)
 
     def _loop_body(self) -> None:
+        """expire -> choose -> launch -> collect, until stopped. Up to ``engine.max_in_flight`` batches are in
+        flight (TensorRT: 2, so the copy of batch k+1 overlaps the compute of batch k; ONNX Runtime: 1)."""
+        in_flight: collections.deque[tuple[object, list[WorkItem], float]] = collections.deque()
+        depth = max(1, int(getattr(self.engine, "max_in_flight", 1)))
         while True:
+            items: list[WorkItem] | None = None
             with self._cond:
                 now = self.clock.monotonic()
                 self.heartbeat = now
                 expired = self._expire(now)
-                items, wait = self._choose(now)
-                if items is None and not expired:
+                wait = 0.1
+                if len(in_flight) < depth:
+                    items, wait = self._choose(now)
+                if items is None and not expired and not in_flight:
                     if self._stopping and self._unfinished == 0:
                         return
                     self._cond.wait(timeout=max(wait, 1e-4))
                     continue
-                if items:
-                    for item in items:
-                        self._ready.remove(item)
-                        item.state = ItemState.RUNNING
-                        item.t_launch = now
+                for item in items or ():
+                    self._ready.remove(item)
+                    item.state = ItemState.RUNNING
+                    item.t_launch = now
             for item in expired:
                 self._finish(item)
             if items:
-                self._run_batch(items)
-                if self.dead is not None:
-                    return
+                self._launch(items, in_flight)
+            if in_flight and (not items or len(in_flight) >= depth):
+                self._collect(*in_flight.popleft())
+            if self.dead is not None:
+                return
 
-    def _run_batch(self, items: list[WorkItem]) -> None:
-        self._running = items
+    def _launch(self, items: list[WorkItem], in_flight: collections.deque[tuple[object, list[WorkItem], float]]
+                ) -> None:
+        """Gather ``items`` into the batch buffer, pad, free their slots and submit the batch to the engine."""
         n = len(items)
         np.take(self._arena, [i.slot for i in items], axis=0, out=self._batch[:n])
-        self._batch[n:] = 0.0  # explicit padding rows; their outputs are dropped below
+        self._batch[n:] = 0.0  # explicit padding rows; their outputs are dropped in _collect
         with self._cond:
             for item in items:
                 self._release(item)
             self._cond.notify_all()
+        self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
         try:
             if self.stage_lock is not None:
                 with self.stage_lock:
-                    outputs = self.engine.run(self._batch)
+                    ticket = self.engine.submit(self._batch)
             else:
-                outputs = self.engine.run(self._batch)
+                ticket = self.engine.submit(self._batch)  # copies the batch out: the buffer is free again
+        except EngineError as e:
+            self._fail_batch(items, e)
+            return
+        except Exception as e:  # noqa: BLE001 - an engine bug: fail this batch, keep serving
+            log.exception("engine raised unexpectedly")
+            self._fail_batch(items, EngineError(f"engine failed: {type(e).__name__}: {e}"))
+            return
+        in_flight.append((ticket, items, t0))
+
+    def _collect(self, ticket: object, items: list[WorkItem], t0: float) -> None:
+        """Wait for a submitted batch and split its rows back to its frames."""
+        try:
+            outputs = self.engine.result(ticket)
         except EngineError as e:
             self._fail_batch(items, e)
             return
@@ -418,6 +441,7 @@ class Batcher:
         self.pacer.consume(engine_s)
         self.batch_s_estimate = 0.8 * self.batch_s_estimate + 0.2 * engine_s
         self.batches += 1
+        n = len(items)
         self.observer.on_batch(n, self.batch_size, engine_s)
         # NOTE: the only loop that splits a batch back into replies. Rows n..B-1 are padding: dropped here.
         for row, item in enumerate(items):
@@ -425,8 +449,10 @@ class Batcher:
             item.engine_ms = engine_s * 1000.0
             item.state = ItemState.DONE
             self._finish(item)
+        self._running = [i for i in self._running if i not in items]
 
     def _fail_batch(self, items: list[WorkItem], error: EngineError) -> None:
+        self._running = [i for i in self._running if i not in items]
         if not isinstance(error, EngineDeadError):
             log.error("batch failed: %s", error)
         for item in items:

@@ -356,9 +356,9 @@ class RequestPath:
                 raise
         finally:
             self._waiting.discard(done)
-        error = done.exception() or request.error
-        if error is not None:
-            raise error
+        failure = done.exception() or request.error
+        if failure is not None:
+            raise failure
 
     def _drop(self, request: Request, job: Job | None, error: ApplianceError) -> None:
         if job is not None:

@@ -20,6 +20,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from appliance.errors import (
 from appliance.pacer import Pacer
 from appliance.policy import choose
 from appliance.work import ItemState, Request, WorkItem
+
+if TYPE_CHECKING:
+    from appliance.preprocess import FrameInfo
 
 __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 
@@ -201,7 +205,7 @@ class Batcher:
             item.state = ItemState.PREPROCESSING
             return True
 
-    def frame_ready(self, item: WorkItem, frame_info: object, preprocess_ms: float) -> None:
+    def frame_ready(self, item: WorkItem, frame_info: FrameInfo | None, preprocess_ms: float) -> None:
         """``item``'s slot now holds its model input."""
         item.frame_info = frame_info
         item.preprocess_ms = preprocess_ms

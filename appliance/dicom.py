@@ -31,7 +31,7 @@ import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pydicom
@@ -262,7 +262,8 @@ class DicomInstance:
         if stream_kind(self.transfer_syntax_uid) is None:
             return
         try:
-            frame = get_frame(self._pixels, index, number_of_frames=self.number_of_frames,
+            encapsulated = cast(bytes, self._pixels)  # only native pixel data is held as a memoryview
+            frame = get_frame(encapsulated, index, number_of_frames=self.number_of_frames,
                               extended_offsets=self._opts.get("extended_offsets"))
             check_frame(self.transfer_syntax_uid, frame, FrameGeometry(
                 self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored))

@@ -27,8 +27,8 @@ class Ready(Protocol):
         ...
 
     @property
-    def t_ready(self) -> float:
-        """Monotonic time the frame became ready."""
+    def t_ready(self) -> float | None:
+        """Monotonic time the frame became ready (None: now)."""
         ...
 
     @property
@@ -72,10 +72,11 @@ def choose(
         return Decision(None, 0.1)
     if pace_delay_s > 0:
         return Decision(None, min(pace_delay_s, 0.1))
-    order = sorted(range(len(ready)), key=lambda i: (ready[i].priority, ready[i].t_ready))
+    t_ready = [now if r.t_ready is None else r.t_ready for r in ready]
+    order = sorted(range(len(ready)), key=lambda i: (ready[i].priority, t_ready[i]))
     if len(order) >= batch_size:
         return Decision(tuple(order[:batch_size]), 0.0)
-    oldest = min(r.t_ready for r in ready)
+    oldest = min(t_ready)
     max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
     deadlines = [r.deadline for r in ready if r.deadline is not None]
     if deadlines:  # never hold a frame past the point where its batch could still finish in time

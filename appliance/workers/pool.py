@@ -228,7 +228,8 @@ class WorkerPool:
                 job.fail(Unavailable(f"internal error in preprocessing: {type(e).__name__}", reason="INTERNAL"))
                 for item in job.request.items:
                     self.batcher.frame_failed(item, Unavailable("internal error in preprocessing"))
-                self._retire(index, proc, "crashed", f"supervisor error {type(e).__name__}")
+                if proc is not None:
+                    self._retire(index, proc, "crashed", f"supervisor error {type(e).__name__}")
                 proc = conn = None
             finally:
                 with self._cond:

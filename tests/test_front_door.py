@@ -145,3 +145,20 @@ def test_inflight_byte_budget_is_taken_before_a_worker_sees_the_payload(tmp_path
         assert refused and all("server.inflight_bytes" in m for m in refused), results
     finally:
         app.stop()
+
+
+def test_an_arena_left_by_a_killed_daemon_is_removed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from appliance.workers.arena import SlotArena, _shm_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = _shm_dir() / f"edge-appliance-{int(dead.stdout)}-deadbeef.slots"
+    stale.write_bytes(b"\\0" * 16)
+    arena = SlotArena.create(2, (1, 4, 4))
+    try:
+        assert not stale.exists()
+        assert arena.path.exists()
+    finally:
+        arena.close()

@@ -14,7 +14,6 @@ import math
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,7 +21,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from appliance import __version__, dicom
+from appliance import __version__, access, dicom, listen
 from appliance.batcher import Batcher, Pacer, QueueStats
 from appliance.clock import Clock, RealClock
 from appliance.config import Config, ThermalSection
@@ -200,6 +199,7 @@ class App:
             ("grpc.http2.min_ping_interval_without_data_ms", 30_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.max_connection_idle_ms", 15 * 60_000),
+            ("grpc.so_reuseport", 0),  # a second daemon on the same port fails to start instead of sharing it
         ]
 
     async def start(self) -> None:
@@ -208,23 +208,21 @@ class App:
         health_servicer = health_aio.HealthServicer()
         self.health = HealthState(health_servicer, self.notifier)
         await self.health.init()
-        server = grpc.aio.server(options=self._server_options())
+        server = grpc.aio.server(options=self._server_options(), interceptors=access.interceptors(self.config))
         pb_grpc.add_InferenceServicer_to_server(InferenceServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        if self.config.server.reflection:
+        if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
             names = (
                 pb.DESCRIPTOR.services_by_name["Inference"].full_name,
                 "grpc.health.v1.Health",
                 reflection.SERVICE_NAME,
             )
             reflection.enable_server_reflection(names, server)
-        for address in self.config.server.listen:
-            if address.startswith("unix:"):
-                Path(address.removeprefix("unix:").removeprefix("//")).parent.mkdir(parents=True, exist_ok=True)
-            port = server.add_insecure_port(address)
-            if port == 0 and not address.startswith("unix:"):
-                raise Unavailable(f"could not bind {address} (config key server.listen)")
-            self.addresses.append(address if address.startswith("unix:") else _with_port(address, port))
+        # docs/security.md: socket directories checked, sockets 0660, TLS/mTLS with certificate reload;
+        # metrics bound here too, so every bind failure is a ConfigError before READY=1.
+        self.addresses.extend(listen.bind_listeners(server, self.config))
+        if self.config.metrics.listen:
+            listen.start_metrics(self.config.metrics.listen, self.metrics.registry)
         self.server = server
         await server.start()
         log.info(
@@ -255,11 +253,6 @@ class App:
                 max_staleness_s=max(self.notifier.watchdog_interval_s, 0.5),
             )
             self._tasks.append(asyncio.create_task(watchdog.run(), name="watchdog"))
-        if self.config.metrics.listen:
-            from prometheus_client import start_http_server
-
-            host, _, port = self.config.metrics.listen.rpartition(":")
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.metrics.registry)
 
     async def _thermal_loop(self) -> None:
         """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.

@@ -35,10 +35,17 @@ class _Parser(argparse.ArgumentParser):
 # ---- serve ------------------------------------------------------------------------------------------------
 
 
+EX_CONFIG = 78  # sysexits.h: configuration error; the unit's RestartPreventExitStatus=78 stops restart loops
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from appliance.app import serve
+    from appliance.logs import configure_logging
+
+    level = "debug" if args.verbose else "info"
+    configure_logging(level)  # before grpc is imported (GRPC_VERBOSITY) and before the config is read
     from appliance.config import load_config
-    from appliance.errors import ApplianceError
+    from appliance.errors import ApplianceError, ConfigError
+    from appliance.preflight import preflight
 
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
@@ -53,7 +60,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         overrides.setdefault("model", {})["precision"] = args.precision
     try:
         config = load_config(args.config, overrides)
+        configure_logging("debug" if args.verbose else config.logging.level, config.logging.journald)
+        preflight(config)
+        from appliance.app import serve
+
         return asyncio.run(serve(config))
+    except ConfigError as e:  # every start-up check: one line naming the key or path, before READY=1
+        log.critical("cannot start: %s", e)
+        return EX_CONFIG
     except ApplianceError as e:
         log.critical("cannot start: %s", e)
         return 1

@@ -11,7 +11,7 @@ import importlib
 from appliance.engines.base import Engine, EngineOptions
 from appliance.errors import BackendUnavailable
 
-__all__ = ["AUTO_ORDER", "BACKENDS", "Engine", "EngineOptions", "backend_report", "resolve"]
+__all__ = ["AUTO_ORDER", "BACKENDS", "Engine", "EngineOptions", "backend_report", "declared_options", "resolve"]
 
 #: name -> "module:Class". Register here (import time only), never at run time.
 BACKENDS: dict[str, str] = {
@@ -33,6 +33,14 @@ def _load_class(name: str) -> type[Engine]:
     module = importlib.import_module(module_name)
     cls: type[Engine] = getattr(module, cls_name)
     return cls
+
+
+def declared_options(name: str) -> dict[str, str]:
+    """The ``[engine.options]`` keys backend ``name`` accepts (its class's ``OPTIONS``)."""
+    try:
+        return dict(_load_class(name).OPTIONS)
+    except ImportError:  # the backend's module cannot even be imported here: it declares nothing usable
+        return {}
 
 
 def backend_report() -> dict[str, str | None]:

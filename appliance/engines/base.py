@@ -33,6 +33,9 @@ class Engine(abc.ABC):
     name: ClassVar[str] = ""
     #: Python distributions this backend needs, name -> why (shown by `appliance backends`).
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
+    #: ``[engine.options]`` keys this backend reads from the config file, name -> meaning. Any other key in
+    #: the file is a config error (appliance.config). Test-only objects (clocks, events) are not listed.
+    OPTIONS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, manifest: Manifest, artifact: Artifact, options: EngineOptions | None = None) -> None:
         self.manifest = manifest

@@ -7,7 +7,7 @@ reflection). A caller gets a role from how it connected (docs/security.md):
 - over **plaintext loopback TCP**: ``access.loopback`` ("analyze" by default, "status" or "none").
 - over **TLS**: with no allow-list, analyze (with mTLS that means "holds a certificate our CA signed"). With
   ``access.analyze_subjects`` / ``access.status_subjects`` set, the client certificate's common name or full
-  subject (as grpc prints it, e.g. ``O=Hospital,CN=pacs-1``) must be in one of them; anyone else: none.
+  subject (``CN=pacs-1,O=Hospital``, attributes in any order) must be in one of them; anyone else: none.
 
 A call above its role is answered PERMISSION_DENIED before the handler runs. grpc.aio interceptors see only the
 method name and metadata, not the peer, so :class:`AccessInterceptor` wraps the handler it is given and makes the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,16 @@ import grpc
 if TYPE_CHECKING:
     from appliance.config import AccessConfig, Config
 
-__all__ = ["ANALYZE", "ANALYZE_METHODS", "NONE", "STATUS", "AccessInterceptor", "AccessPolicy", "interceptors"]
+__all__ = [
+    "ANALYZE",
+    "ANALYZE_METHODS",
+    "NONE",
+    "STATUS",
+    "AccessInterceptor",
+    "AccessPolicy",
+    "interceptors",
+    "subject_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +45,11 @@ _RANK = {NONE: 0, STATUS: 1, ANALYZE: 2}
 
 #: Methods that need the analyze role; every other method needs status.
 ANALYZE_METHODS = frozenset({"/appliance.v1.Inference/Analyze", "/appliance.v1.Inference/AnalyzeStream"})
+
+
+def subject_key(subject: str) -> tuple[str, ...]:
+    """A subject's attributes in a fixed order, so ``O=H,CN=x`` and ``CN=x,O=H`` compare equal."""
+    return tuple(sorted(part.strip() for part in re.split(r"(?<!\\),", subject) if part.strip()))
 
 
 def _first(auth: dict[str, list[bytes]], key: str) -> str:
@@ -47,8 +62,8 @@ class AccessPolicy:
 
     def __init__(self, access: AccessConfig) -> None:
         self.access = access
-        self.analyze = frozenset(access.analyze_subjects)
-        self.status = frozenset(access.status_subjects)
+        self.analyze = frozenset(map(subject_key, access.analyze_subjects))
+        self.status = frozenset(map(subject_key, access.status_subjects))
 
     def role(self, peer: str, auth: dict[str, list[bytes]]) -> tuple[str, str]:
         """Return ``(role, who)`` for a caller; ``who`` names it for log lines and errors (never patient data)."""
@@ -60,7 +75,7 @@ class AccessPolicy:
         who = subject or "TLS client without certificate"
         if not (self.analyze or self.status):
             return ANALYZE, who
-        names = {n for n in (cn, subject) if n}
+        names = {subject_key(n) for n in (cn, subject) if n}
         if names & self.analyze:
             return ANALYZE, who
         if names & self.status:

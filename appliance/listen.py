@@ -153,7 +153,7 @@ def validate_listeners(cfg: Config) -> None:
             raise ConfigError(f"config key tls.listen: {a.text}: TLS is for TCP; unix sockets are protected by mode")
     seen: set[str] = set()
     for a in (*plain, *secure):
-        if a.text in seen:
+        if a.text in seen and not (a.kind == "tcp" and a.port == 0):  # port 0: each bind gets its own port
             raise ConfigError(f"config key server.listen/tls.listen: {a.text} is listed twice")
         seen.add(a.text)
     tls = cfg.tls

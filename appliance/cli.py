@@ -61,6 +61,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         configure_logging("debug" if args.verbose else config.logging.level, config.logging.journald)
+        log.debug("configuration loaded from %s", args.config or "built-in defaults")
         preflight(config)
         from appliance.app import serve
 

@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-dev bench proto model eval thermal-sim clean
+.PHONY: run test setup setup-dev bench soak proto model eval thermal-sim clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: setup-dev
 
 bench: setup
 	$(BIN)/appliance bench --json bench.json $(ARGS)
+
+# Leak watch: ~80 % of measured capacity for DURATION seconds, with client cancels and bad inputs
+# (appliance/soak.py). Writes soak.json and soak.png.
+DURATION ?= 1800
+soak: setup-dev
+	$(BIN)/python -m appliance.soak --duration $(DURATION) --json soak.json --plot soak.png $(ARGS)
 
 thermal-sim: setup-dev
 	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)

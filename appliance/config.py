@@ -205,7 +205,7 @@ def _section(cls: type, raw: dict[str, Any], name: str) -> Any:
 RANGES: dict[str, tuple[float, float]] = {
     # 2**31 - 1 is grpc's int32 option limit; the receive limit adds 1 MiB of envelope to this key.
     "server.max_message_bytes": (1024, (1 << 31) - 1 - (1 << 20)),
-    # The unit's TimeoutStopSec (30 s) must exceed grace_s + 10 s of margin; see docs/operations.md.
+    # The unit's TimeoutStopSec (30 s) must be >= grace_s + 10 s of margin; see docs/operations.md.
     "server.grace_s": (0.0, 20.0),
     "server.default_deadline_s": (0.0, 3600.0),
     "engine.intra_op_threads": (1, 256),

@@ -3,7 +3,7 @@
 - :func:`validate_request_id`: a client's ``request_id`` is echoed in replies and logs, so it must be short
   and printable (no newline can forge a log line, no 100 KB id fills the journal). Anything else is
   INVALID_ARGUMENT (field ``request_id``). Sites often use accession numbers as ids: docs/security.md asks
-  integrators not to, and the daemon logs ids only at DEBUG (hashed UIDs at INFO are enough to correlate).
+  integrators not to (hashed UIDs are enough to correlate a log line with a study).
 - :func:`hash_uid`: a Study/Series/SOP Instance UID is not a name, but it identifies a patient's study in the
   PACS. Logs carry ``uid:<12 hex>``, HMAC-SHA256 under a secret key, so two log lines about the same instance
   correlate and the UID cannot be recovered by hashing candidate UIDs without the key. The key is random per

@@ -7,9 +7,10 @@ delay (``--cancel``), and a trickle of bad inputs (truncated, bit-flipped, not D
 Every ``--interval`` seconds it samples the daemon (and its child processes): RSS, open file descriptors and
 threads from ``/proc``, plus the latency percentiles and outcome counts of that interval.
 
-The report (``--json``) holds the samples and a summary: RSS growth from the end of warm-up to the end (the
-figure to watch: it should stay under 5 % over 30 minutes), fd and thread counts at both ends, latency
-percentiles over the whole run. ``--plot`` draws RSS, fds/threads and latency over time (needs matplotlib).
+The report (``--json``) holds the samples and a summary: RSS growth after warm-up, median of the first quarter
+against median of the last (the figure to watch: it should stay under 5 % over 30 minutes), fd and thread
+counts at both ends, latency percentiles per interval. ``--plot`` draws RSS, fds/threads and latency over
+time (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -161,22 +162,46 @@ async def soak(
 
 
 def summarize(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
-    """RSS growth after warm-up, fd/thread drift, and the run's outcome totals."""
+    """RSS growth after warm-up, fd/thread drift, and the run's outcome totals.
+
+    RSS swings with the allocator and the workload's mix of image sizes, so growth compares the median of the
+    first quarter of the steady samples with the median of the last quarter, and a least-squares trend over all
+    of them is given too (endpoints are reported as well). Both need a window of many swings: minutes, not
+    seconds.
+    """
     steady = [s for s in samples if s["t_s"] >= warmup_s] or samples
     first, last = steady[0], steady[-1]
+    quarter = max(1, len(steady) // 4)
+    rss_first = float(np.median([s["rss_mib"] for s in steady[:quarter]]))
+    rss_last = float(np.median([s["rss_mib"] for s in steady[-quarter:]]))
     totals: collections.Counter[str] = collections.Counter()
     for s in samples:
         totals.update(s["outcomes"])
+    trend = 0.0  # least-squares slope of RSS over the steady samples, MiB per hour: robust to the sawtooth
+    if len(steady) >= 3:
+        trend = float(np.polyfit([s["t_s"] for s in steady], [s["rss_mib"] for s in steady], 1)[0]) * 3600
+    mean_rss = float(np.mean([s["rss_mib"] for s in steady]))
+    half = max(1, len(steady) // 2)
+    peak_first = max(s["rss_mib"] for s in steady[:half])
+    peak_last = max(s["rss_mib"] for s in steady[half:] or steady)
     return {
         "warmup_s": warmup_s,
+        "rss_trend_mib_per_hour": round(trend, 1),
+        "rss_trend_pct_per_30_min": round(100.0 * trend / 2 / mean_rss, 2),
+        "rss_peak_growth_pct": round(100.0 * (peak_last - peak_first) / peak_first, 2),  # max, 2nd vs 1st half
+        "rss_mib_median_first_quarter": round(rss_first, 1),
+        "rss_mib_median_last_quarter": round(rss_last, 1),
+        "rss_growth_pct": round(100.0 * (rss_last - rss_first) / rss_first, 2),
         "rss_mib_after_warmup": first["rss_mib"],
         "rss_mib_end": last["rss_mib"],
+        "rss_mib_min": min(s["rss_mib"] for s in steady),
         "rss_mib_max": max(s["rss_mib"] for s in steady),
-        "rss_growth_pct": round(100.0 * (last["rss_mib"] - first["rss_mib"]) / first["rss_mib"], 2),
         "fds_after_warmup": first["fds"],
         "fds_end": last["fds"],
+        "fds_max": max(s["fds"] for s in steady),
         "threads_after_warmup": first["threads"],
         "threads_end": last["threads"],
+        "threads_max": max(s["threads"] for s in steady),
         "p99_ms_first_interval_after_warmup": first["latency_ms"]["p99"],
         "p99_ms_last_interval": last["latency_ms"]["p99"],
         "outcomes": dict(totals),

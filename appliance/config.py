@@ -120,7 +120,9 @@ class TlsConfig:
     cert_file: str = ""  # server certificate chain (PEM)
     key_file: str = ""  # its private key (PEM)
     client_ca_file: str = ""  # CA bundle for client certificates; "" = no client certificates (TLS only)
-    require_client_cert: bool = True  # with client_ca_file: refuse clients without a valid certificate
+    # with client_ca_file: refuse clients without a valid certificate. false = grpc asks for no client
+    # certificate at all (plain TLS; nothing a client presents is verified), so no [access] subject lists.
+    require_client_cert: bool = True
 
 
 @dataclass(frozen=True)

@@ -156,22 +156,29 @@ def validate_listeners(cfg: Config) -> None:
         if a.text in seen and not (a.kind == "tcp" and a.port == 0):  # port 0: each bind gets its own port
             raise ConfigError(f"config key server.listen/tls.listen: {a.text} is listed twice")
         seen.add(a.text)
-    tls = cfg.tls
-    if secure or tls.cert_file or tls.key_file:
-        for key in ("cert_file", "key_file"):
-            if not getattr(tls, key):
-                raise ConfigError(f"config key tls.{key} is required when tls.listen is set")
-        if not secure:
-            raise ConfigError("config key tls.listen is empty but tls.cert_file is set: name the TLS addresses")
-        CertificateFiles(tls).load()  # readable, PEM, key matches certificate, CA loads
-    if (cfg.access.analyze_subjects or cfg.access.status_subjects) and not tls.client_ca_file:
-        raise ConfigError("config keys access.analyze_subjects/status_subjects need tls.client_ca_file (mTLS)")
+    _validate_tls(cfg, bool(secure))
     if cfg.metrics.listen:
         m = parse_address(cfg.metrics.listen, "metrics.listen")
         if m.kind != "tcp" or not m.loopback:
             raise ConfigError(
                 f"config key metrics.listen: {m.text} must be a loopback host:port (metrics are plain HTTP)"
             )
+
+
+def _validate_tls(cfg: Config, has_tls_listeners: bool) -> None:
+    tls = cfg.tls
+    if has_tls_listeners or tls.cert_file or tls.key_file:
+        for key in ("cert_file", "key_file"):
+            if not getattr(tls, key):
+                raise ConfigError(f"config key tls.{key} is required when tls.listen is set")
+        if not has_tls_listeners:
+            raise ConfigError("config key tls.listen is empty but tls.cert_file is set: name the TLS addresses")
+        CertificateFiles(tls).load()  # readable, PEM, key matches certificate, CA loads
+    if cfg.access.analyze_subjects or cfg.access.status_subjects:
+        if not tls.client_ca_file:
+            raise ConfigError("config keys access.analyze_subjects/status_subjects need tls.client_ca_file (mTLS)")
+        if not tls.require_client_cert:  # grpc then asks for no client certificate: no subject is verified
+            raise ConfigError("config keys access.analyze_subjects/status_subjects need tls.require_client_cert = true")
 
 
 def reflection_enabled(cfg: Config) -> bool:

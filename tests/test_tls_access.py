@@ -202,3 +202,35 @@ def test_relative_socket_lives_in_the_runtime_directory(models_dir, tmp_path: Pa
             assert _status(ch).state == "SERVING"
     finally:
         app.stop()
+
+
+def test_health_cli_over_mtls(mtls, pki, tmp_path: Path, capsys) -> None:
+    from appliance.cli import main as cli_main
+
+    def health(who: str) -> int:
+        cert, key = pki[who].write(tmp_path, who)
+        ca = tmp_path / "ca.crt"
+        ca.write_bytes(pki["ca"].cert_pem)
+        return cli_main(["health", "--target", mtls.tls_target, "--tls-ca", str(ca),
+                         "--tls-cert", str(cert), "--tls-key", str(key)])
+
+    assert health("monitor") == 0
+    assert "EDGE-APPLIANCE OK" in capsys.readouterr().out
+    assert health("stranger") == 3  # PERMISSION_DENIED is an unexpected answer: UNKNOWN
+    assert "PERMISSION_DENIED" in capsys.readouterr().out
+
+
+def test_client_certificate_not_required_means_plain_tls(models_dir, pki, tmp_path: Path) -> None:
+    """grpc's require_client_authentication=False does not even ask for a client certificate, so nothing a
+    client presents is verified: the allow-list cannot be combined with it (a config error)."""
+    files = _write_server_files(tmp_path / "tls", pki)
+    tls = {"listen": ["127.0.0.1:0"], **files, "require_client_cert": False}
+    with pytest.raises(ConfigError, match="tls.require_client_cert"):
+        fake_config(models_dir, server={"listen": []}, tls=tls, access={"analyze_subjects": ["pacs-1"]})
+    app = RunningApp(fake_config(models_dir, server={"listen": []}, tls=tls))
+    try:
+        for client in (None, pki["pacs"], issue(pki["other_ca"], "pacs-1")):
+            with _channel(app.target, pki["ca"], client) as ch:
+                assert _status(ch).state == "SERVING"
+    finally:
+        app.stop()

@@ -234,3 +234,44 @@ def test_client_certificate_not_required_means_plain_tls(models_dir, pki, tmp_pa
                 assert _status(ch).state == "SERVING"
     finally:
         app.stop()
+
+
+def test_socket_directory_rules(tmp_path: Path) -> None:
+    from appliance.listen import Address, prepare_socket_dir, runtime_dir, socket_path
+
+    real = tmp_path / "real"
+    real.mkdir(mode=0o750)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="symlink"):
+        prepare_socket_dir(link)
+    group_writable = tmp_path / "gw"
+    group_writable.mkdir()
+    group_writable.chmod(0o770)
+    with pytest.raises(ConfigError, match="0770"):
+        prepare_socket_dir(group_writable)
+    created = prepare_socket_dir(tmp_path / "new")
+    assert stat.S_IMODE(created.stat().st_mode) == 0o750
+    assert runtime_dir({"RUNTIME_DIRECTORY": "/run/appliance:/run/other"}) == Path("/run/appliance")
+    assert runtime_dir({"XDG_RUNTIME_DIR": "/run/user/1000"}) == Path("/run/user/1000/edge-appliance")
+    assert runtime_dir({}).name == f"edge-appliance-{os.geteuid()}"
+    assert socket_path(Address("unix:/x/y.sock", "unix", path="/x/y.sock"), {}) == Path("/x/y.sock")
+
+
+def test_a_regular_file_where_the_socket_goes_is_refused(models_dir, tmp_path: Path) -> None:
+    from appliance.app import App
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o750)
+    (run / "grpc.sock").write_text("not a socket")
+    app = App(fake_config(models_dir, server={"listen": [f"unix:{run}/grpc.sock"]}))
+    import asyncio
+
+    async def start() -> None:
+        try:
+            await app.start()
+        finally:
+            await app.stop(0)
+
+    with pytest.raises(ConfigError, match="exists and is not a socket"):
+        asyncio.run(start())

@@ -12,6 +12,9 @@
   never with a traceback. Records from the decoding libraries (:data:`DATA_LOGGERS`) and Python warnings keep
   only the logger and level: their text can quote DICOM element values (a malformed PatientBirthDate, a name).
 - grpc's C core logs on its own; ``GRPC_VERBOSITY=ERROR`` is set (if unset) before grpc is imported.
+
+The journal socket path can be moved with ``$APPLIANCE_JOURNAL_SOCKET`` (tests point it at a
+:class:`FakeJournal`, as they point ``$NOTIFY_SOCKET`` at a fake notify socket).
 """
 
 from __future__ import annotations
@@ -22,16 +25,20 @@ import re
 import socket
 import struct
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping
 
 __all__ = [
     "DATA_LOGGERS",
     "JOURNAL_SOCKET",
+    "FakeJournal",
     "STRUCTURED_FIELDS",
     "JournalHandler",
     "ThirdPartyFilter",
     "configure_logging",
     "journal_fields",
+    "parse_journal_datagram",
 ]
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
@@ -134,6 +141,81 @@ class JournalHandler(logging.Handler):
         super().close()
 
 
+def parse_journal_datagram(data: bytes) -> dict[str, str]:
+    """Decode one native-protocol datagram (both field encodings) into a dict."""
+    fields: dict[str, str] = {}
+    i = 0
+    while i < len(data):
+        nl = data.index(b"\n", i)
+        line = data[i:nl]
+        if b"=" in line:
+            key, _, value = line.partition(b"=")
+            fields[key.decode()] = value.decode("utf-8", "replace")
+            i = nl + 1
+        else:
+            (size,) = struct.unpack("<Q", data[nl + 1 : nl + 9])
+            fields[line.decode()] = data[nl + 9 : nl + 9 + size].decode("utf-8", "replace")
+            if data[nl + 9 + size : nl + 10 + size] != b"\n":
+                raise ValueError("binary journal field not terminated by a newline")
+            i = nl + 10 + size
+    return fields
+
+
+class FakeJournal:
+    """Stands in for journald's socket: binds a datagram socket in a temp dir and collects parsed entries.
+
+    ``with FakeJournal() as j:`` start the daemon with ``JOURNAL_STREAM=…`` and
+    ``APPLIANCE_JOURNAL_SOCKET=j.address``; then read ``j.entries()``.
+    """
+
+    def __init__(self) -> None:
+        self._tmpdir = tempfile.mkdtemp(prefix="appliance-journal-")
+        self.address = os.path.join(self._tmpdir, "socket")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._sock.bind(self.address)
+        os.chmod(self.address, 0o666)
+        self._sock.settimeout(0.05)
+        self._entries: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="fake-journal", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while not self._closing.is_set():
+            try:
+                data = self._sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._entries.append(parse_journal_datagram(data))
+
+    def entries(self) -> list[dict[str, str]]:
+        """Every entry received so far, in order."""
+        with self._lock:
+            return list(self._entries)
+
+    def close(self) -> None:
+        """Stop reading and remove the socket (idempotent)."""
+        if not self._closing.is_set():
+            self._closing.set()
+            self._reader.join(2)
+            self._sock.close()
+            for path in (self.address, self._tmpdir):
+                try:
+                    os.rmdir(path) if path == self._tmpdir else os.unlink(path)
+                except OSError:
+                    pass
+
+    def __enter__(self) -> FakeJournal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def _use_journal(journald: bool | str, env: Mapping[str, str], journal_socket: str) -> bool:
     if journald in (True, "yes"):
         return True
@@ -146,7 +228,7 @@ def configure_logging(
     level: str | int = "info",
     journald: bool | str = "auto",
     *,
-    journal_socket: str = JOURNAL_SOCKET,
+    journal_socket: str | None = None,
     env: Mapping[str, str] | None = None,
     stream: object = None,
 ) -> logging.Handler:
@@ -156,6 +238,7 @@ def configure_logging(
     or "auto" (when ``$JOURNAL_STREAM`` is set and the journal socket exists).
     """
     env = os.environ if env is None else env
+    journal_socket = journal_socket or env.get("APPLIANCE_JOURNAL_SOCKET") or JOURNAL_SOCKET
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     numeric = level if isinstance(level, int) else logging.getLevelName(str(level).upper())
     if not isinstance(numeric, int):

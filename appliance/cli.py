@@ -44,7 +44,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     level = "debug" if args.verbose else "info"
     configure_logging(level)  # before grpc is imported (GRPC_VERBOSITY) and before the config is read
     from appliance.config import load_config
-    from appliance.errors import ApplianceError, ConfigError
+    from appliance.errors import ApplianceError, ConfigError, ManifestError
     from appliance.preflight import preflight
 
     overrides: dict[str, dict[str, Any]] = {}
@@ -66,9 +66,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from appliance.app import serve
 
         return asyncio.run(serve(config))
-    except ConfigError as e:  # every start-up check: one line naming the key or path, before READY=1
+    except (ConfigError, ManifestError) as e:  # start-up checks and the model's files: one line, before READY=1
         log.critical("cannot start: %s", e)
-        return EX_CONFIG
+        return EX_CONFIG  # a restart cannot fix these; BackendUnavailable (a driver not up yet) stays 1
     except ApplianceError as e:
         log.critical("cannot start: %s", e)
         return 1

@@ -127,6 +127,7 @@ CASES: list[tuple[str, Callable[[Path], str], str]] = [
     ("disk full", _full_disk, "engine.cache_dir"),
     ("TLS without a key", _with("tls", 'listen = ["0.0.0.0:50052"]\ncert_file = "/nonexistent.pem"'), "tls.key_file"),
     ("not TOML", lambda tmp_path: "[server\n", "appliance.toml"),
+    ("model missing", _with("model", "name = \"no-such-model\""), "no-such-model/model.toml"),
 ]
 if os.geteuid() == 0:
     CASES.append(("socket dir not ours", _socket_dir_not_ours, "owned by uid 65534"))

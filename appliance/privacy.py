@@ -22,7 +22,7 @@ from pathlib import Path
 
 from appliance.errors import ConfigError, InputError
 
-__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "set_uid_key", "validate_request_id"]
+__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "set_uid_key", "uid_key", "validate_request_id"]
 
 MAX_REQUEST_ID = 64
 
@@ -49,6 +49,12 @@ def set_uid_key(key: bytes) -> None:
         raise ValueError("the UID hash key must be at least 16 bytes")
     with _key_lock:
         _key = bytes(key)
+
+
+def uid_key() -> bytes:
+    """The current key: hand it to worker processes (``set_uid_key``) so their hashes match the daemon's."""
+    with _key_lock:
+        return _key
 
 
 def load_uid_key(path: str) -> None:

@@ -68,6 +68,7 @@ def test_hash_uid_is_keyed_short_and_stable() -> None:
     assert first == privacy.hash_uid(uid) and first.startswith("uid:") and len(first) == 16
     assert uid not in first and privacy.hash_uid(uid + "1") != first
     privacy.set_uid_key(b"j" * 32)
+    assert privacy.uid_key() == b"j" * 32
     assert privacy.hash_uid(uid) != first  # without the key, candidate UIDs cannot be hashed to match
     assert privacy.hash_uid("") == ""
 

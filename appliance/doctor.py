@@ -8,7 +8,7 @@ the sha256 of every artifact, one real batch through the CPU engine on synthetic
 synthetic batches, compare with the CPU reference and time it. (TensorRT has no backend in this release;
 the check says so rather than pretending.)
 
-``--thermal``: commissioning (appliance.commissioning): NVML latency and update period, step response and
+``--thermal``: commissioning (appliance.thermal.commissioning): NVML latency and update period, step response and
 safe blind duty, with the GPU engine as the load. ``--sim`` runs it against the simulated plant instead.
 
 Exit code: 0 all checks pass, 1 a check failed. ``--json`` prints every check.
@@ -145,7 +145,7 @@ def check_model(config: Any) -> tuple[list[Check], Any]:
 
 def check_thermometer() -> Check:
     """Which thermometer "auto" finds."""
-    from appliance.thermometers import make_thermometer
+    from appliance.thermal.source import make_thermometer
 
     therm = make_thermometer("auto")
     try:
@@ -161,7 +161,7 @@ def check_gpu(config: Any, manifest: Any) -> list[Check]:
     """NVML facts, the CUDA engine against the CPU reference, TensorRT status."""
     from appliance.engines.onnxruntime import OrtCpuEngine, OrtCudaEngine
     from appliance.errors import ApplianceError
-    from appliance.thermometers import NvmlThermometer
+    from appliance.thermal.nvml import NvmlThermometer
 
     checks = []
     nvml = NvmlThermometer()
@@ -247,8 +247,9 @@ class _EngineLoad:
 def check_thermal(config: Any, manifest: Any, sim: bool, quick: bool) -> Check:
     """Commissioning against NVML (with the GPU engine as load) or the simulated plant."""
     from appliance.clock import RealClock
-    from appliance.commissioning import commission
-    from appliance.thermometers import SimulatedThermometer, make_thermometer
+    from appliance.thermal.commissioning import commission
+    from appliance.thermal.simulated import SimulatedThermometer
+    from appliance.thermal.source import make_thermometer
 
     if sim:  # simulated time: the plant advances as the procedure sleeps, so this runs in seconds
         from appliance.clock import ManualClock

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from appliance import commissioning as cm
 from appliance.clock import ManualClock
-from appliance.fakes.fake_pynvml import FakePynvml
-from appliance.thermal_sim import SensorParams
-from appliance.thermometers import NoThermometer, NvmlThermometer, SimulatedThermometer
+from appliance.thermal import commissioning as cm
+from appliance.thermal.fake_pynvml import FakePynvml
+from appliance.thermal.nvml import NvmlThermometer
+from appliance.thermal.plant import SensorParams
+from appliance.thermal.simulated import SimulatedThermometer
+from appliance.thermal.source import NoThermometer
 
 
 def sim() -> tuple[ManualClock, SimulatedThermometer]:

@@ -15,21 +15,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from appliance import synthetic
 from appliance.cli import main as cli_main
 from appliance.clock import RealClock
-from appliance.fakes.fake_pynvml import FakePynvml
 from appliance.governor import Governor, ThermalConfig
 from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.thermal_control import ThermalController
-from appliance.thermometers import NvmlThermometer
+from appliance.thermal.control import ThermalController
+from appliance.thermal.fake_pynvml import FakePynvml
+from appliance.thermal.nvml import NvmlThermometer
 from tests.conftest import RunningApp, fake_config
 
 
 @contextlib.contextmanager
-def nvml_app(models_dir: Path, nvml: FakePynvml) -> Iterator[RunningApp]:
+def nvml_app(models_dir: Path, nvml: FakePynvml, period_s: float = 0.05) -> Iterator[RunningApp]:
     """A daemon whose governor reads the fake NVML; yields once the first reading shows in the status."""
     controller = ThermalController(NvmlThermometer(0, nvml), Governor(ThermalConfig()), clock=RealClock())
-    cfg = fake_config(models_dir, thermal={"sensor": "nvml", "period_s": 0.05})
+    cfg = fake_config(models_dir, thermal={"sensor": "nvml", "period_s": period_s})
     app = RunningApp(cfg, notifier=RecordingNotifier(), thermal=controller)
     try:
         _until(lambda: _status(app.target).thermal.temperature_c == nvml.temperature)
@@ -122,7 +122,9 @@ def test_serve_thermal_sim_reports_the_plant(models_dir: Path) -> None:
 
 def test_lost_gpu_answers_queued_work_and_stops_the_watchdog(models_dir: Path) -> None:
     nvml = FakePynvml(temperature=60)
-    with nvml_app(models_dir, nvml) as app:
+    # a slow thermal period: each tick hands the governor's duty to the pacer, so the hold set below lasts
+    # until the next tick (0.05 s was a race with the request reaching the queue)
+    with nvml_app(models_dir, nvml, period_s=1.0) as app:
         assert app.app._heartbeat() > 0
         app.app.pacer.set_duty(0.0)  # hold dispatch so a request is queued when the GPU goes
         with grpc.insecure_channel(app.target) as ch:

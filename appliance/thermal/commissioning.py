@@ -33,11 +33,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "commission",
+    "governor_settings",
     "measure_latency",
     "measure_step_response",
     "measure_update_period",
     "safe_blind_duty",
     "set_static_power_limit",
+    "setpoint_for_delay",
 ]
 
 
@@ -213,6 +215,8 @@ def commission(thermometer: Thermometer, clock: Clock, load: Load, *, room_c: fl
     report["update_period"] = measure_update_period(thermometer, clock, load, 20.0 * scale if not quick else 5.0)
     report["step_response"] = measure_step_response(thermometer, clock, load, 30.0 * scale + 3, 15.0)
     report["blind_duty"] = safe_blind_duty(thermometer, clock, load, room_c, hold_s=900.0 * scale)
+    step_w = report["step_response"].get("power_step_w")
+    report["governor"] = governor_settings(report["step_response"], step_w)
     if thermometer.name == "nvml":
         import pynvml
 
@@ -226,3 +230,28 @@ def commission(thermometer: Thermometer, clock: Clock, load: Load, *, room_c: fl
             report["power_limit"] = set_static_power_limit(thermometer, power_limit_w)
     report["ok"] = all(v.get("ok", True) for v in report.values() if isinstance(v, dict))
     return report
+
+
+def setpoint_for_delay(delay_s: float, limit_c: float = 75.0) -> float:
+    """The setpoint a measured sensor delay allows, °C: 2.5 °C under the limit up to 3 s of delay, and
+    another 0.5 °C per second beyond. Uncommissioned boxes keep the default 3 °C margin.
+
+    In the fault matrix (``docs/thermal.md``) 2.5 °C kept the true die <= 74.2 °C on every plant with delays
+    up to 3 s and floored readings, and lifted the served fraction by about 2 points over a 3 °C margin.
+    """
+    if not (math.isfinite(delay_s) and delay_s >= 0):
+        raise ValueError(f"sensor delay must be a non-negative number of seconds, got {delay_s!r}")
+    return limit_c - 2.5 - 0.5 * max(delay_s - 3.0, 0.0)
+
+
+def governor_settings(step: dict[str, Any], p_max_w: float | None = None) -> dict[str, float]:
+    """``[thermal.governor]`` keys from a step response (:func:`measure_step_response`): the frozen-sensor
+    model (die rise and time constant, rounded to the cautious side), the sensor delay and the setpoint."""
+    if not step.get("ok"):
+        return {}
+    out: dict[str, float] = {"die_tau_s": math.ceil(float(step["tau_s"]) * 2) / 2,
+                             "sensor_delay_s": math.ceil(float(step["dead_time_s"]) * 2 + 1) / 2}
+    out["setpoint_c"] = setpoint_for_delay(out["sensor_delay_s"])
+    if step.get("r_jh_k_per_w") and p_max_w:
+        out["die_rise_c"] = round(0.8 * float(step["r_jh_k_per_w"]) * p_max_w, 2)
+    return out

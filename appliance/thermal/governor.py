@@ -33,8 +33,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections import deque
 from dataclasses import dataclass
+
+from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
 
 __all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
 
@@ -101,17 +102,24 @@ class ThermalConfig:
     plausible_max_c: float = 110.0
     # A reading that moves more than this × period_s from the last good one is implausible, °C/s.
     max_jump_c_per_s: float = 10.0
-    # Stuck path 1: a change of the short mean power this large without any reading change, W.
-    stuck_power_delta_w: float = 150.0
-    # Stuck path 1: seconds the reading must stay frozen after the power moved.
-    stuck_after_s: float = 8.0
-    # Stuck path 2: a reading frozen this long triggers a duty probe, s.
-    probe_after_s: float = 180.0
-    # Length of the probe, s.
-    probe_s: float = 8.0
-    # Relative duty cut during the probe. The notes' −30 % dips a settled die by ≈ 2 °C; −15 % is
-    # enough to move a live integer reading and keeps settled peak-to-peak under 1.5 °C.
-    probe_cut: float = 0.15
+    # Frozen-sensor detector (appliance/thermal/sensorcheck.py, docs/thermal.md). Die rise over the heatsink
+    # at p_max_w (P_max · R_jh), °C; commissioning measures it. 10 is the low end of the rated range: a smaller
+    # value than the real one only slows detection, a larger one risks false positives.
+    die_rise_c: float = 10.0
+    # Die time constant R_jh · C_j, s (commissioning: step response). Longer is the cautious side.
+    die_tau_s: float = 6.0
+    # Longest sensor delay (dead time) to allow for, s (commissioning: step response).
+    sensor_delay_s: float = 3.0
+    # The model-expected change a live reading must show, °C.
+    stuck_expect_c: float = 1.2
+    # An unchanged reading this long while regulating starts a duty probe, s.
+    probe_after_s: float = 240.0
+    # Probe ramp: fraction of the busy fraction removed per second, until the reading moves.
+    probe_rate: float = 0.02
+    # Largest probe cut, fraction of the busy fraction.
+    probe_max_cut: float = 0.4
+    # No budget increase while the reading has been unchanged for longer than this, s.
+    frozen_hold_s: float = 20.0
     # Emergency: a reading >= emergency_c for emergency_s with duty at minimum pauses dispatch.
     emergency_c: float = 77.0
     # Seconds above emergency_c (at minimum duty) before EMERGENCY.
@@ -122,14 +130,14 @@ class ThermalConfig:
     def __post_init__(self) -> None:
         positive = (
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
-            "p_max_w", "max_jump_c_per_s", "stuck_power_delta_w", "stuck_after_s", "probe_after_s",
-            "probe_s", "emergency_s", "period_s", "plausible_max_c",
+            "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_after_s",
+            "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c",
         )
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"ThermalConfig.{name} must be a positive finite number, got {value!r}")
-        for name in ("min_duty", "blind_duty", "busy_slack", "probe_cut"):
+        for name in ("min_duty", "blind_duty", "busy_slack", "probe_max_cut"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"ThermalConfig.{name} must lie in [0, 1], got {value!r}")
@@ -148,6 +156,8 @@ class ThermalConfig:
             raise ValueError("ThermalConfig.p_idle_w must lie in [0, p_max_w)")
         if not self.plausible_min_c < self.switch_on_c:
             raise ValueError("ThermalConfig.plausible_min_c must be below switch_on_c")
+        if not (math.isfinite(self.sensor_delay_s) and self.sensor_delay_s >= 0):
+            raise ValueError(f"ThermalConfig.sensor_delay_s must be >= 0, got {self.sensor_delay_s!r}")
         if self.recover_samples < 1:
             raise ValueError("ThermalConfig.recover_samples must be >= 1")
 
@@ -202,17 +212,10 @@ class Governor:
         self._good_run = 0
         self._blind_reason = ""
         self._last_energy: tuple[float, float] | None = None
-        # stuck detection
-        self._power_hist: deque[tuple[float, float]] = deque(maxlen=16)
-        self._last_change_t: float | None = None
-        self._power_at_change: float | None = None
-        self._power_moved_t: float | None = None
-        self._stuck = False
-        self._stuck_value: float | None = None
-        self._probe_until: float | None = None
-        self._probe_value: float | None = None
-        self._probe_power: float | None = None
-        self._probe_ref_power: float | None = None
+        self._frozen = FrozenDetector(FrozenSettings(
+            c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c,
+            c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.switch_on_c))
+        self._check = FrozenCheck(True)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self.sensor_errors = 0
@@ -271,9 +274,15 @@ class Governor:
             self._learn_model(power, busy)
         temp, why = self._validate(now_s, temp_c, error)
         if temp is not None:
-            temp = self._check_stuck(now_s, temp, power, busy)
-            if temp is None:
-                why = "stuck"
+            used = self._duty if busy is None else busy
+            regulating = self._state in (GovernorState.REGULATING, GovernorState.THROTTLING)
+            self._check = self._frozen.check(now_s, temp, power, used, regulating)
+            if not self._check.ok:
+                self._blind_reason = self._check.reason
+                temp, why = None, "stuck"
+        else:
+            self._frozen.reset()
+            self._check = FrozenCheck(True)
         if temp is None:
             return self._on_bad_sample(now_s, why, power)
         return self._on_good_sample(now_s, temp, power, busy, dt)
@@ -293,7 +302,6 @@ class Governor:
         if power is None:
             used = self._duty if busy is None else busy
             power = c.p_idle_w + max(0.0, min(used, 1.0)) * self._w_per_duty
-        self._power_hist.append((now_s, power))
         return power
 
     def _learn_model(self, power: float, busy: float) -> None:
@@ -319,75 +327,6 @@ class Governor:
                 return None, "implausible jump"
         self._jump_run = []
         return float(temp_c), ""
-
-    def _short_mean_power(self, now_s: float, span_s: float = 8.0) -> float:
-        values = [p for t, p in self._power_hist if now_s - t < span_s]
-        return sum(values) / len(values)
-
-    def _check_stuck(self, now_s: float, temp: float, power: float, busy: float | None) -> float | None:
-        """Return ``temp``, or None while the sensor is judged stuck.
-
-        NOTE: two paths (notes §6). (1) The 8 s mean power has differed by >= stuck_power_delta_w
-        from its value at the reading's last change for stuck_after_s, and the reading never moved
-        (a 150 W step moves a working die by ≈ 4 °C within a few seconds). (2) The reading has
-        been frozen for probe_after_s; cut duty by probe_cut for probe_s; if power fell and the
-        reading did not move, it is stuck. A stuck sensor stays untrusted until its value changes.
-        """
-        c = self.config
-        pmean = self._short_mean_power(now_s)
-        if self._stuck:
-            if temp != self._stuck_value:
-                self._stuck = False
-                self._mark_change(now_s, temp, pmean)
-                return temp
-            return None
-        if self._last_change_t is None or temp != self._last_good_temp:
-            self._mark_change(now_s, temp, pmean)
-            self._end_probe()
-            return temp
-        frozen_s = now_s - self._last_change_t
-        assert self._power_at_change is not None
-        if abs(pmean - self._power_at_change) >= c.stuck_power_delta_w:
-            if self._power_moved_t is None:
-                self._power_moved_t = now_s
-            if now_s - self._power_moved_t >= c.stuck_after_s:
-                return self._declare_stuck(temp, "stuck: power moved, reading did not")
-        else:
-            self._power_moved_t = None
-        if self._probe_until is not None:
-            if now_s >= self._probe_until:
-                ref = self._probe_ref_power if self._probe_ref_power is not None else pmean
-                drop = ref - pmean
-                self._end_probe()
-                self._last_change_t = now_s  # next probe after another probe_after_s
-                expected = c.probe_cut * max(ref - c.p_idle_w, 0.0)
-                if expected > 0 and drop >= 0.5 * expected:
-                    return self._declare_stuck(temp, "stuck: probe changed nothing")
-        elif (
-            frozen_s >= c.probe_after_s
-            and temp >= c.switch_on_c
-            and self._state in (GovernorState.REGULATING, GovernorState.THROTTLING)
-            and (self._duty if busy is None else busy) >= 0.5
-        ):
-            self._probe_until = now_s + c.probe_s
-            self._probe_ref_power = pmean
-        return temp
-
-    def _mark_change(self, now_s: float, temp: float, pmean: float) -> None:
-        self._last_change_t = now_s
-        self._power_at_change = pmean
-        self._power_moved_t = None
-
-    def _end_probe(self) -> None:
-        self._probe_until = None
-        self._probe_ref_power = None
-
-    def _declare_stuck(self, temp: float, reason: str) -> None:
-        """Mark the sensor stuck at ``temp``; always returns None (the sample is rejected)."""
-        self._stuck = True
-        self._stuck_value = temp
-        self._blind_reason = reason
-        return None
 
     # ------------------------------------------------------------- decisions
     def _on_bad_sample(self, now_s: float, why: str, power: float) -> float:
@@ -460,7 +399,8 @@ class Governor:
         di = kp / c.ti_s * e * dt
         saturated_hi = self._duty >= 1.0 - 1e-9
         used_allowance = busy is None or busy >= self._duty - c.busy_slack
-        if di > 0 and used_allowance and not saturated_hi or di < 0 and self._duty > c.min_duty + 1e-9:
+        may_raise = used_allowance and not saturated_hi and self._check.may_raise
+        if di > 0 and may_raise or di < 0 and self._duty > c.min_duty + 1e-9:
             self._integral = min(max(self._integral + di, p_lo), p_hi)
         budget = self._integral + kp * e
         reason = "pi"
@@ -469,10 +409,10 @@ class Governor:
             if budget > cap:
                 budget = cap
                 reason = "guard"
-        if self._probe_until is not None:
-            budget = c.p_idle_w + (1.0 - c.probe_cut) * max(budget - c.p_idle_w, 0.0)
-            reason = "stuck probe"
         duty = min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0)
+        if self._check.probe_cap is not None and duty > self._check.probe_cap:
+            duty = max(self._check.probe_cap, c.min_duty)
+            reason = "stuck probe"
         state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
         return self._decide(now_s, duty, budget, state, reason, headroom, power, temp)
 

@@ -225,18 +225,21 @@ def ideal_tracker(profile: Profile, plant: PlantParams | None = None, limit_c: f
     return _open_loop(profile, plant, 1.0, limit_c, limit_c, False)[1]
 
 
-def peak_to_peak(result: SimResult, profile: Profile, window_s: int = 300, quiet_s: int = 300) -> list[float]:
+def peak_to_peak(result: SimResult, profile: Profile, window_s: int = 300, quiet_s: int = 300,
+                 ambient_tol_c: float = 0.0) -> list[float]:
     """Return the true-die peak-to-peak of each settled window, °C.
 
-    A window is settled when, over it and the ``quiet_s`` before it, demand is full, the room and
-    the fan are constant, and the governor is regulating or throttling the whole time.
+    A window is settled when, over it and the ``quiet_s`` before it, demand is full, the room stays
+    within ``ambient_tol_c`` of its value at the start (a slow drift is allowed), the fan is constant,
+    and the governor is regulating or throttling the whole time.
     """
     out = []
     n = len(result.die)
     for start in range(quiet_s, n - window_s + 1, window_s):
         lo, hi = start - quiet_s, start + window_s
         amb, fan = profile.ambient[lo], profile.fan_scale[lo]
-        if any(profile.demand[i] < 0.999 or profile.ambient[i] != amb or profile.fan_scale[i] != fan
+        if any(profile.demand[i] < 0.999 or abs(profile.ambient[i] - amb) > ambient_tol_c
+               or profile.fan_scale[i] != fan
                for i in range(lo, hi)):
             continue
         if any(result.state[i] not in _REGULATING for i in range(start, hi)):

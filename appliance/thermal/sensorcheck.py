@@ -1,0 +1,169 @@
+"""The frozen-sensor detector: is an unchanging reading still alive? Pure: samples in, verdict out.
+
+A reading that freezes at a plausible value is the one sensor fault that looks like good news, and no
+passive test can catch every case: under steady power in a slowly warming room, a frozen reading and a
+live one at equilibrium give the governor exactly the same samples. So the detector asks the plant
+(``docs/thermal.md``, "Frozen sensor"):
+
+1. **Model path.** A first-order model of the die over its heatsink, driven by the measured power
+   (``dT/dt = (R_jh·P − T)/τ_die``, R_jh and τ_die from commissioning, defaults on the cautious side), runs
+   all the time; its change since the reading last changed is what the reading should have shown. Only the
+   fast die node is modelled: the slow heatsink adds to the real change in the same direction, so leaving it
+   out errs towards fewer false positives, and a model running through transients (not one anchored at the
+   last change) does not mistake a settling die for a moving one. When that change reaches ``stuck_expect_c``
+   and the reading still has not moved ``sensor_delay_s`` later, the sensor is stuck. A load step under a
+   frozen reading is caught in seconds.
+2. **Probe path.** When the reading has not changed for ``probe_after_s`` while the GPU works near the
+   setpoint, the detector asks for a duty probe: a ramp down of ``probe_rate`` of the busy fraction per
+   second. It ends at the first reading change (a live sensor; on average half a degree of dip), or when the
+   model path (above) declares the sensor stuck. ``probe_after_s`` bounds the drift the governor can miss
+   between probes: at the worst rated room drift (4 °C/h) 240 s is 0.27 °C.
+3. **Hold.** While the reading is unchanged for longer than ``frozen_hold_s``, the governor may not raise its
+   budget: a live die answers a higher budget within seconds, so an unchanged reading gives no licence to
+   raise it further. This bounds what a frozen reading below the setpoint can do before 1 or 2 fire.
+
+A false positive costs throughput (the commissioned blind duty until the reading moves and
+``recover_samples`` good samples pass), never safety.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FrozenCheck", "FrozenDetector", "FrozenSettings"]
+
+
+@dataclass(frozen=True)
+class FrozenSettings:
+    """What the detector needs to know about the plant (commissioning measures the first three)."""
+
+    # Die rise over the heatsink at nameplate power, °C (P_max · R_jh).
+    die_rise_c: float
+    # Nameplate dynamic power (P_max − P_idle), W: with die_rise_c gives R_jh.
+    p_max_w: float
+    # Die time constant R_jh · C_j, s.
+    die_tau_s: float
+    # Longest sensor delay to allow for, s.
+    sensor_delay_s: float
+    # Expected change that a live reading must show, °C (>= 1 crosses an integer step for sure).
+    stuck_expect_c: float
+    # Unchanged reading this long (while busy near the setpoint) starts a probe, s.
+    probe_after_s: float
+    # Probe ramp: fraction of the busy fraction removed per second.
+    probe_rate: float
+    # Largest probe cut, fraction of the busy fraction.
+    probe_max_cut: float
+    # No budget increase while the reading is unchanged for longer than this, s.
+    frozen_hold_s: float
+    # Probes only at or above this reading, °C.
+    probe_min_c: float
+
+
+@dataclass(frozen=True)
+class FrozenCheck:
+    """The detector's verdict on one sample."""
+
+    # False when the sensor is judged stuck (the sample must not be used).
+    ok: bool
+    # Why it is stuck ('' when ok).
+    reason: str = ""
+    # During a probe: the busy fraction the duty must not exceed; None otherwise.
+    probe_cap: float | None = None
+    # Whether the governor may raise its budget on this sample.
+    may_raise: bool = True
+
+
+class FrozenDetector:
+    """Tracks one reading stream; call :meth:`check` once per valid sample, :meth:`reset` after a gap."""
+
+    def __init__(self, settings: FrozenSettings) -> None:
+        self.s = settings
+        self._value: float | None = None
+        self._changed_t = 0.0
+        self._model: float | None = None
+        self._warm_until = 0.0
+        self._model_ref = 0.0
+        self._expect_since: float | None = None
+        self._last_t: float | None = None
+        self._stuck_value: float | None = None
+        self._probe_t: float | None = None
+        self._probe_busy = 0.0
+        self.probes = 0
+        """Probes started so far."""
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the sensor is judged stuck now."""
+        return self._stuck_value is not None
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe is running."""
+        return self._probe_t is not None
+
+    def reset(self) -> None:
+        """Forget the reference (after a read error or blind period); a stuck verdict is kept."""
+        self._value = None
+        self._probe_t = None
+        self._last_t = None
+        self._model = None
+
+    def _mark(self, now: float, temp: float, power: float) -> None:
+        self._value = temp
+        self._changed_t = now
+        self._model_ref = self._model if self._model is not None else 0.0
+        self._expect_since = None
+        self._probe_t = None
+
+    def check(self, now: float, temp: float, power: float, busy: float, near_setpoint: bool) -> FrozenCheck:
+        """Judge one plausible sample.
+
+        Args:
+            now: Sample time, s.
+            temp: The reading, °C.
+            power: Average power over the last period, W.
+            busy: Busy fraction the batcher used over the last period.
+            near_setpoint: Whether the governor is regulating (probes only then).
+        """
+        s = self.s
+        dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
+        self._last_t = now
+        target = s.die_rise_c / s.p_max_w * power
+        if self._model is None:  # (re)start: the model needs a few time constants before it is trusted
+            self._model = target
+            self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
+        self._model += (target - self._model) * min(dt / s.die_tau_s, 1.0)
+        if self._stuck_value is not None:
+            if temp == self._stuck_value:
+                return FrozenCheck(False, "stuck: reading frozen")
+            self._stuck_value = None
+            self._mark(now, temp, power)
+            return FrozenCheck(True)
+        if self._value is None or temp != self._value or now < self._warm_until:
+            self._mark(now, temp, power)
+            return FrozenCheck(True)
+        expect = self._model - self._model_ref
+        if abs(expect) >= s.stuck_expect_c:
+            if self._expect_since is None:
+                self._expect_since = now
+            if now - self._expect_since >= s.sensor_delay_s:
+                why = "probe changed nothing" if self._probe_t is not None else "power changed, reading did not"
+                self._stuck_value = temp
+                self._probe_t = None
+                return FrozenCheck(False, f"stuck: {why} ({expect:+.1f} °C expected)")
+        else:
+            self._expect_since = None
+        frozen_s = now - self._changed_t
+        may_raise = frozen_s < s.frozen_hold_s
+        if self._probe_t is None:
+            if frozen_s >= s.probe_after_s and near_setpoint and temp >= s.probe_min_c and busy >= 0.2:
+                self._probe_t = now
+                self._probe_busy = busy
+                self.probes += 1
+        if self._probe_t is not None:
+            cut = min(s.probe_rate * (now - self._probe_t + 1.0), s.probe_max_cut)
+            if cut >= s.probe_max_cut and now - self._probe_t > s.probe_max_cut / s.probe_rate + 4 * s.die_tau_s:
+                self._mark(now, temp, power)  # inconclusive (the power did not follow): re-arm
+                return FrozenCheck(True, may_raise=False)
+            return FrozenCheck(True, probe_cap=self._probe_busy * (1.0 - cut), may_raise=False)
+        return FrozenCheck(True, may_raise=may_raise)

@@ -112,7 +112,10 @@ class ThermalConfig:
     sensor_delay_s: float = 3.0
     # The model-expected change a live reading must show, °C.
     stuck_expect_c: float = 1.2
-    # An unchanged reading this long while regulating starts a duty probe, s.
+    # The model-expected fall a live reading must show during a probe, °C.
+    probe_expect_c: float = 2.0
+    # An unchanged reading at most this long while regulating starts a duty probe, s (a noisy sensor's own
+    # history shortens it, see sensorcheck).
     probe_after_s: float = 240.0
     # Probe ramp: fraction of the busy fraction removed per second, until the reading moves.
     probe_rate: float = 0.02
@@ -130,8 +133,8 @@ class ThermalConfig:
     def __post_init__(self) -> None:
         positive = (
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
-            "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_after_s",
-            "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c",
+            "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
+            "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c",
         )
         for name in positive:
             value = getattr(self, name)
@@ -213,7 +216,7 @@ class Governor:
         self._blind_reason = ""
         self._last_energy: tuple[float, float] | None = None
         self._frozen = FrozenDetector(FrozenSettings(
-            c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c,
+            c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.switch_on_c))
         self._check = FrozenCheck(True)
         self._hot_since: float | None = None

@@ -10,17 +10,23 @@ live one at equilibrium give the governor exactly the same samples. So the detec
    all the time; its change since the reading last changed is what the reading should have shown. Only the
    fast die node is modelled: the slow heatsink adds to the real change in the same direction, so leaving it
    out errs towards fewer false positives, and a model running through transients (not one anchored at the
-   last change) does not mistake a settling die for a moving one. When that change reaches ``stuck_expect_c``
-   and the reading still has not moved ``sensor_delay_s`` later, the sensor is stuck. A load step under a
-   frozen reading is caught in seconds.
-2. **Probe path.** When the reading has not changed for ``probe_after_s`` while the GPU works near the
-   setpoint, the detector asks for a duty probe: a ramp down of ``probe_rate`` of the busy fraction per
-   second. It ends at the first reading change (a live sensor; on average half a degree of dip), or when the
-   model path (above) declares the sensor stuck. ``probe_after_s`` bounds the drift the governor can miss
-   between probes: at the worst rated room drift (4 °C/h) 240 s is 0.27 °C.
-3. **Hold.** While the reading is unchanged for longer than ``frozen_hold_s``, the governor may not raise its
-   budget: a live die answers a higher budget within seconds, so an unchanged reading gives no licence to
-   raise it further. This bounds what a frozen reading below the setpoint can do before 1 or 2 fire.
+   last change) does not mistake a settling die for a moving one. When that change is a rise of at least
+   ``stuck_expect_c`` and the reading still has not moved ``sensor_delay_s`` later, the sensor is stuck. A load
+   step under a frozen reading is caught in seconds. A fall is only judged during a probe (below), against
+   the larger ``probe_expect_c``: outside one, a frozen reading while power falls errs on the safe side, and a
+   warming heatsink or room can hold a live die still while the power eases off.
+2. **Probe path.** When the reading has not changed for longer than its own history makes plausible (three
+   times the 95th percentile of its recent unchanged runs while regulating, at least ``min_probe_after_s``; a
+   noisy sensor flickers every few seconds, a clean one may sit still for minutes) and at most
+   ``probe_after_s``, while the GPU works near the setpoint, the detector asks for a duty probe: a ramp down
+   of ``probe_rate`` of the busy fraction per second. It ends at the first reading change (a live sensor; on
+   average half a degree of dip), or when the model path (above) declares the sensor stuck.
+   ``probe_after_s`` bounds the drift the governor can miss between probes: at the worst rated room drift
+   (4 °C/h) 240 s is 0.27 °C.
+3. **Hold.** While the reading is unchanged for longer than twice that 95th percentile (between
+   ``min_hold_s`` and ``frozen_hold_s``), the governor may not raise its budget: a live die answers a higher
+   budget within seconds, so an unchanged reading gives no licence to raise it further. This bounds what a
+   frozen reading below the setpoint can do before 1 or 2 fire.
 
 A false positive costs throughput (the commissioned blind duty until the reading moves and
 ``recover_samples`` good samples pass), never safety.
@@ -28,6 +34,7 @@ A false positive costs throughput (the commissioned blind duty until the reading
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 __all__ = ["FrozenCheck", "FrozenDetector", "FrozenSettings"]
@@ -47,6 +54,8 @@ class FrozenSettings:
     sensor_delay_s: float
     # Expected change that a live reading must show, °C (>= 1 crosses an integer step for sure).
     stuck_expect_c: float
+    # Expected fall during a probe that a live reading must show, °C.
+    probe_expect_c: float
     # Unchanged reading this long (while busy near the setpoint) starts a probe, s.
     probe_after_s: float
     # Probe ramp: fraction of the busy fraction removed per second.
@@ -57,6 +66,10 @@ class FrozenSettings:
     frozen_hold_s: float
     # Probes only at or above this reading, °C.
     probe_min_c: float
+    # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this).
+    min_probe_after_s: float = 30.0
+    # Shortest unchanged run after which the budget may not rise, s.
+    min_hold_s: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,8 @@ class FrozenDetector:
         self._stuck_value: float | None = None
         self._probe_t: float | None = None
         self._probe_busy = 0.0
+        self._runs: deque[float] = deque(maxlen=64)
+        self._after_probe = False
         self.probes = 0
         """Probes started so far."""
 
@@ -108,7 +123,19 @@ class FrozenDetector:
         self._last_t = None
         self._model = None
 
-    def _mark(self, now: float, temp: float, power: float) -> None:
+    def _typical_run_s(self) -> float | None:
+        """95th percentile of the recent unchanged runs while regulating (None until 16 are known)."""
+        if len(self._runs) < 16:
+            return None
+        ordered = sorted(self._runs)
+        return ordered[int(0.95 * (len(ordered) - 1))]
+
+    def _mark(self, now: float, temp: float, power: float, near_setpoint: bool = False) -> None:
+        # runs that a probe cut short, and the one right after (the reading bouncing back), say nothing
+        # about the sensor's own flicker
+        if near_setpoint and self._probe_t is None and not self._after_probe:
+            self._runs.append(now - self._changed_t)
+        self._after_probe = self._probe_t is not None
         self._value = temp
         self._changed_t = now
         self._model_ref = self._model if self._model is not None else 0.0
@@ -140,23 +167,30 @@ class FrozenDetector:
             self._mark(now, temp, power)
             return FrozenCheck(True)
         if self._value is None or temp != self._value or now < self._warm_until:
-            self._mark(now, temp, power)
+            self._mark(now, temp, power, near_setpoint and self._value is not None and temp != self._value)
             return FrozenCheck(True)
         expect = self._model - self._model_ref
-        if abs(expect) >= s.stuck_expect_c:
+        # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
+        # and a slowly warming heatsink or room can hold a live die still while the power eases off.
+        if expect >= s.stuck_expect_c or (self._probe_t is not None and expect <= -s.probe_expect_c):
             if self._expect_since is None:
                 self._expect_since = now
             if now - self._expect_since >= s.sensor_delay_s:
-                why = "probe changed nothing" if self._probe_t is not None else "power changed, reading did not"
+                why = "probe changed nothing" if self._probe_t is not None else "power rose, reading did not"
                 self._stuck_value = temp
                 self._probe_t = None
                 return FrozenCheck(False, f"stuck: {why} ({expect:+.1f} °C expected)")
         else:
             self._expect_since = None
         frozen_s = now - self._changed_t
-        may_raise = frozen_s < s.frozen_hold_s
+        typical = self._typical_run_s()
+        hold_s, probe_after_s = s.frozen_hold_s, s.probe_after_s
+        if typical is not None:
+            hold_s = min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s)
+            probe_after_s = min(max(3.0 * typical, s.min_probe_after_s), s.probe_after_s)
+        may_raise = frozen_s < hold_s
         if self._probe_t is None:
-            if frozen_s >= s.probe_after_s and near_setpoint and temp >= s.probe_min_c and busy >= 0.2:
+            if frozen_s >= probe_after_s and near_setpoint and temp >= s.probe_min_c and busy >= 0.2:
                 self._probe_t = now
                 self._probe_busy = busy
                 self.probes += 1

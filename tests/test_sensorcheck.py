@@ -11,8 +11,7 @@ from appliance.thermal.sim import Profile, run_profile
 
 SETTINGS = FrozenSettings(die_rise_c=12.0, p_max_w=545.0, die_tau_s=4.0, sensor_delay_s=3.0, stuck_expect_c=1.2,
                           probe_expect_c=2.0,
-                          probe_after_s=240.0, probe_rate=0.02, probe_max_cut=0.4, frozen_hold_s=20.0,
-                          probe_min_c=60.0)
+                          probe_after_s=240.0, probe_rate=0.02, probe_max_cut=0.4, frozen_hold_s=20.0)
 
 
 def test_load_step_under_a_frozen_reading_is_caught_within_seconds() -> None:

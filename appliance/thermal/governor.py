@@ -217,7 +217,7 @@ class Governor:
         self._last_energy: tuple[float, float] | None = None
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
-            c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.switch_on_c))
+            c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s))
         self._check = FrozenCheck(True)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
@@ -278,8 +278,8 @@ class Governor:
         temp, why = self._validate(now_s, temp_c, error)
         if temp is not None:
             used = self._duty if busy is None else busy
-            regulating = self._state in (GovernorState.REGULATING, GovernorState.THROTTLING)
-            self._check = self._frozen.check(now_s, temp, power, used, regulating)
+            normal = self._state in (GovernorState.COOL, GovernorState.REGULATING, GovernorState.THROTTLING)
+            self._check = self._frozen.check(now_s, temp, power, used, normal)
             if not self._check.ok:
                 self._blind_reason = self._check.reason
                 temp, why = None, "stuck"
@@ -362,6 +362,10 @@ class Governor:
             return self._decide(now_s, 0.0, None, GovernorState.EMERGENCY, "emergency pause", headroom,
                                 power, temp)
         if temp < c.switch_on_c:
+            cap = self._check.probe_cap
+            if cap is not None and cap < 1.0:
+                return self._decide(now_s, max(cap, c.min_duty), None, GovernorState.COOL, "stuck probe", headroom,
+                                    power, temp)
             return self._decide(now_s, 1.0, None, GovernorState.COOL, "cool", headroom, power, temp)
         return self._pi(now_s, temp, power, busy, dt, headroom)
 

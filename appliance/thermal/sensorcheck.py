@@ -15,15 +15,16 @@ live one at equilibrium give the governor exactly the same samples. So the detec
    step under a frozen reading is caught in seconds. A fall is only judged during a probe (below), against
    the larger ``probe_expect_c``: outside one, a frozen reading while power falls errs on the safe side, and a
    warming heatsink or room can hold a live die still while the power eases off.
-2. **Probe path.** When the reading has not changed for longer than its own history makes plausible (three
-   times the 95th percentile of its recent unchanged runs while regulating, at least ``min_probe_after_s``; a
-   noisy sensor flickers every few seconds, a clean one may sit still for minutes) and at most
-   ``probe_after_s``, while the GPU works near the setpoint, the detector asks for a duty probe: a ramp down
+2. **Probe path.** When the reading has not changed for longer than its own recent history makes plausible
+   (three times the longest of its last 8 unchanged runs, at least ``min_probe_after_s``, at most
+   ``probe_after_s``; a noisy or warming sensor changes every few seconds, a clean settled one may sit still
+   for minutes; each live answer doubles the next wait) while the GPU is busy, the detector asks for a duty
+   probe: a ramp down
    of ``probe_rate`` of the busy fraction per second. It ends at the first reading change (a live sensor; on
    average half a degree of dip), or when the model path (above) declares the sensor stuck.
    ``probe_after_s`` bounds the drift the governor can miss between probes: at the worst rated room drift
    (4 °C/h) 240 s is 0.27 °C.
-3. **Hold.** While the reading is unchanged for longer than twice that 95th percentile (between
+3. **Hold.** While the reading is unchanged for longer than twice that recent run (between
    ``min_hold_s`` and ``frozen_hold_s``), the governor may not raise its budget: a live die answers a higher
    budget within seconds, so an unchanged reading gives no licence to raise it further. This bounds what a
    frozen reading below the setpoint can do before 1 or 2 fire.
@@ -64,8 +65,6 @@ class FrozenSettings:
     probe_max_cut: float
     # No budget increase while the reading is unchanged for longer than this, s.
     frozen_hold_s: float
-    # Probes only at or above this reading, °C.
-    probe_min_c: float
     # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this).
     min_probe_after_s: float = 30.0
     # Shortest unchanged run after which the budget may not rise, s.
@@ -103,6 +102,7 @@ class FrozenDetector:
         self._probe_busy = 0.0
         self._runs: deque[float] = deque(maxlen=64)
         self._after_probe = False
+        self._backoff = 1.0
         self.probes = 0
         """Probes started so far."""
 
@@ -124,17 +124,20 @@ class FrozenDetector:
         self._model = None
 
     def _typical_run_s(self) -> float | None:
-        """95th percentile of the recent unchanged runs while regulating (None until 16 are known)."""
-        if len(self._runs) < 16:
+        """The longest of the last 8 unchanged runs (None until 8 are known): recent, so that a reading that
+        was moving every few seconds (a warming die) and then stops is suspect quickly."""
+        if len(self._runs) < 8:
             return None
-        ordered = sorted(self._runs)
-        return ordered[int(0.95 * (len(ordered) - 1))]
+        return max(list(self._runs)[-8:])
 
-    def _mark(self, now: float, temp: float, power: float, near_setpoint: bool = False) -> None:
+    def _mark(self, now: float, temp: float, power: float, natural: bool = False) -> None:
         # runs that a probe cut short, and the one right after (the reading bouncing back), say nothing
-        # about the sensor's own flicker
-        if near_setpoint and self._probe_t is None and not self._after_probe:
+        # about the sensor's own flicker; a live answer to a probe doubles the wait for the next one
+        if self._probe_t is not None:
+            self._backoff = min(self._backoff * 2.0, 64.0)
+        elif natural and not self._after_probe:
             self._runs.append(now - self._changed_t)
+            self._backoff = 1.0
         self._after_probe = self._probe_t is not None
         self._value = temp
         self._changed_t = now
@@ -142,7 +145,7 @@ class FrozenDetector:
         self._expect_since = None
         self._probe_t = None
 
-    def check(self, now: float, temp: float, power: float, busy: float, near_setpoint: bool) -> FrozenCheck:
+    def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool) -> FrozenCheck:
         """Judge one plausible sample.
 
         Args:
@@ -150,7 +153,7 @@ class FrozenDetector:
             temp: The reading, °C.
             power: Average power over the last period, W.
             busy: Busy fraction the batcher used over the last period.
-            near_setpoint: Whether the governor is regulating (probes only then).
+            can_probe: Whether the governor is in normal operation (cool, regulating or throttling).
         """
         s = self.s
         dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
@@ -167,7 +170,7 @@ class FrozenDetector:
             self._mark(now, temp, power)
             return FrozenCheck(True)
         if self._value is None or temp != self._value or now < self._warm_until:
-            self._mark(now, temp, power, near_setpoint and self._value is not None and temp != self._value)
+            self._mark(now, temp, power, self._value is not None and temp != self._value)
             return FrozenCheck(True)
         expect = self._model - self._model_ref
         # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
@@ -187,10 +190,10 @@ class FrozenDetector:
         hold_s, probe_after_s = s.frozen_hold_s, s.probe_after_s
         if typical is not None:
             hold_s = min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s)
-            probe_after_s = min(max(3.0 * typical, s.min_probe_after_s), s.probe_after_s)
+            probe_after_s = min(max(3.0 * typical * self._backoff, s.min_probe_after_s), s.probe_after_s)
         may_raise = frozen_s < hold_s
         if self._probe_t is None:
-            if frozen_s >= probe_after_s and near_setpoint and temp >= s.probe_min_c and busy >= 0.2:
+            if frozen_s >= probe_after_s and can_probe and busy >= 0.2:
                 self._probe_t = now
                 self._probe_busy = busy
                 self.probes += 1

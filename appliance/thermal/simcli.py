@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from appliance.thermal.governor import ThermalConfig
-from appliance.thermal.matrix import FAULTS, Cell, matrix_plants, run_matrix, summarize
+from appliance.thermal.matrix import EXTRA_FAULTS, FAULTS, Cell, matrix_plants, run_matrix, summarize
 from appliance.thermal.plant import PRESETS, SensorParams
 from appliance.thermal.sim import FAULT_KINDS, Profile, SimResult, day_profile, evaluate, fault_schedule
 
@@ -123,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _matrix(args: argparse.Namespace, argv: list[str] | None) -> int:
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in FAULTS]
+    unknown = [f for f in faults if f not in FAULTS + EXTRA_FAULTS]
     if unknown:
-        print(f"thermal-sim: unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+        print(f"thermal-sim: unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS + EXTRA_FAULTS)}")
         return 2
     hours = 3.0 if args.hours is None else args.hours
     rows = matrix_plants(args.plants, args.plant_seed)

@@ -10,7 +10,7 @@ tests, benchmarks and outside tools drive it against their own plants::
     gov.state          # GovernorState.THROTTLING, ...
     gov.last_decision  # Decision(duty, budget_w, state, reason, headroom, ...)
 
-Design (``/work/shared/notes/thermal.md`` §5–§6):
+Design (``docs/thermal.md``):
 
 - A PI law computes a power *budget* ``I + Kp·e`` (e = setpoint − reading), with a gentler gain
   below the setpoint than above it, and converts it to duty through a feed-forward model
@@ -22,10 +22,12 @@ Design (``/work/shared/notes/thermal.md`` §5–§6):
   sustainable budget.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
 - The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
-  back to the commissioned ``blind_duty`` until ``recover_samples`` good samples; a stuck sensor is
-  detected from power moving while the reading does not (or from a short duty probe after a long
-  frozen reading); a lost GPU stops dispatch at once (``STOPPED``, terminal); a reading ≥
-  ``emergency_c`` for ``emergency_s`` at minimum duty pauses dispatch until it falls to the setpoint.
+  back to the commissioned ``blind_duty`` until ``recover_samples`` good samples; a frozen but
+  plausible reading is judged by :mod:`appliance.thermal.sensorcheck` (a power-driven die model, a
+  ramped duty probe when the reading is stiller than its history makes plausible, and no budget
+  increase on an unchanged reading) and also goes BLIND, with the reason; a lost GPU stops dispatch at
+  once (``STOPPED``, terminal); a reading ≥ ``emergency_c`` for ``emergency_s`` at minimum duty pauses
+  dispatch until it falls to the setpoint.
 """
 
 from __future__ import annotations
@@ -59,14 +61,14 @@ class GovernorState(enum.IntEnum):
 
 @dataclass(frozen=True)
 class ThermalConfig:
-    """Governor settings. Defaults suit a 5090-class card with a 1 s NVML period (notes §4–§6).
+    """Governor settings. Defaults suit a 5090-class card with a 1 s NVML period (docs/thermal.md).
 
     Every field is validated in ``__post_init__``; errors name the field.
     """
 
     # Hard wall on the NVML GPU sensor, °C. Reported seconds-above are counted against it.
     limit_c: float = 75.0
-    # PI target, °C. 3 °C margin covers 1–3 s sensor delay, flooring and noise (notes §4).
+    # PI target, °C. 3 °C margin covers 1–3 s sensor delay, flooring and noise (docs/thermal.md).
     setpoint_c: float = 72.0
     # Below this reading the governor idles at duty 1 with the integrator frozen, °C.
     switch_on_c: float = 60.0
@@ -74,7 +76,7 @@ class ThermalConfig:
     guard_c: float = 74.0
     # Fraction of measured power the budget may keep while the guard is active.
     guard_factor: float = 0.93
-    # Proportional gain below the setpoint (approach gently), W/°C. 20 rather than the notes' 30: with a
+    # Proportional gain below the setpoint (approach gently), W/°C. 20 rather than 30: with a
     # 3 s delay, rounding and σ 0.5 °C noise, 30/60 oscillated 1.8 °C peak-to-peak; 20/40 gives 1.2 (0.67 on
     # the nominal plant) at the same served fraction (thermal-sim, 24 h).
     kp_cool_w_per_c: float = 20.0
@@ -86,7 +88,7 @@ class ThermalConfig:
     busy_slack: float = 0.05
     # Lowest duty in normal operation; pausing completely is the fail-safe's job.
     min_duty: float = 0.05
-    # Commissioned constant duty proven safe in the worst-case room with fan margin (notes §6).
+    # Commissioned constant duty proven safe in the worst-case room with fan margin (docs/thermal.md).
     blind_duty: float = 0.5
     # Seconds the last duty is held after a sensor error before going blind.
     hold_s: float = 3.0
@@ -110,6 +112,12 @@ class ThermalConfig:
     die_tau_s: float = 6.0
     # Longest sensor delay (dead time) to allow for, s (commissioning: step response).
     sensor_delay_s: float = 3.0
+    # Heatsink rise over the room at p_max_w (P_max · R_ha), °C, and its time constant, s (commissioning:
+    # blind-duty hold and cool-down). With it, a reading that stalls while the power-driven model says the die
+    # keeps warming is regulated as reading + that rise beyond one step (sensorcheck); 0 disables this.
+    sink_rise_c: float = 0.0
+    # Heatsink time constant with the fan on, s.
+    sink_tau_s: float = 60.0
     # The model-expected change a live reading must show, °C.
     stuck_expect_c: float = 1.2
     # The model-expected fall a live reading must show during a probe, °C.
@@ -134,7 +142,7 @@ class ThermalConfig:
         positive = (
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
             "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
-            "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c",
+            "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c", "sink_tau_s",
         )
         for name in positive:
             value = getattr(self, name)
@@ -161,6 +169,8 @@ class ThermalConfig:
             raise ValueError("ThermalConfig.plausible_min_c must be below switch_on_c")
         if not (math.isfinite(self.sensor_delay_s) and self.sensor_delay_s >= 0):
             raise ValueError(f"ThermalConfig.sensor_delay_s must be >= 0, got {self.sensor_delay_s!r}")
+        if not (math.isfinite(self.sink_rise_c) and self.sink_rise_c >= 0):
+            raise ValueError(f"ThermalConfig.sink_rise_c must be >= 0, got {self.sink_rise_c!r}")
         if self.recover_samples < 1:
             raise ValueError("ThermalConfig.recover_samples must be >= 1")
 
@@ -217,7 +227,7 @@ class Governor:
         self._last_energy: tuple[float, float] | None = None
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
-            c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s))
+            c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
         self._check = FrozenCheck(True)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
@@ -395,6 +405,7 @@ class Governor:
         w = self._w_per_duty
         p_lo = c.p_idle_w + c.min_duty * w
         p_hi = c.p_idle_w + w
+        temp = temp + self._frozen.unseen_rise()
         e = c.setpoint_c - temp
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).

@@ -37,11 +37,11 @@ from appliance.thermal.sim import Profile, SimResult, ideal_tracker, peak_to_pea
 __all__ = ["EXTRA_FAULTS", "FAULTS", "Cell", "MatrixPlant", "fault_windows", "matrix_plants", "matrix_profile",
            "run_cell", "run_matrix", "summarize"]
 
-FAULTS = ("none", "read_error", "flaky", "stuck_onset", "stuck_plausible", "garbage", "lost")
-"""Fault columns of the matrix (the issue's list)."""
+FAULTS = ("none", "read_error", "flaky", "stuck_onset", "stuck_warming", "stuck_plausible", "garbage", "lost")
+"""Fault columns of the matrix."""
 
-EXTRA_FAULTS = ("stuck_warming",)
-"""Columns run only on request (``--faults``): a known limitation, see ``docs/thermal.md``."""
+EXTRA_FAULTS: tuple[str, ...] = ()
+"""Columns run only on request (``--faults``)."""
 
 _DETECTED = (GovernorState.HOLDING, GovernorState.BLIND, GovernorState.STOPPED)
 
@@ -65,12 +65,25 @@ class MatrixPlant:
         setpoint = setpoint_for_delay(delay, base.limit_c)
         return base.replace(p_idle_w=p.p_idle_w, p_max_w=p.p_max_w, blind_duty=self.blind_duty,
                             die_rise_c=self.die_rise_c, die_tau_s=self.die_tau_s, sensor_delay_s=delay,
+                            sink_rise_c=self.sink_rise_c, sink_tau_s=self.sink_tau_s,
                             setpoint_c=setpoint, guard_c=max(base.guard_c, setpoint + 1.0))
 
     @property
     def die_rise_c(self) -> float:
         """What commissioning stores for P_max · R_jh: 80 % of the true value (a cautious fit)."""
         return round(0.8 * self.plant.r_jh * (self.plant.p_max_w - self.plant.p_idle_w), 2)
+
+    @property
+    def sink_rise_c(self) -> float:
+        """What commissioning stores for P_max · R_ha (heatsink to room, fan at 70 %): 80 % of the true value."""
+        p = self.plant
+        return round(0.8 * (p.p_max_w - p.p_idle_w) / (p.g0 + 0.7 * p.g1), 2)
+
+    @property
+    def sink_tau_s(self) -> float:
+        """What commissioning stores for the heatsink time constant (fan at 70 %), s."""
+        p = self.plant
+        return round(p.c_h / (p.g0 + 0.7 * p.g1), 1)
 
     @property
     def die_tau_s(self) -> float:

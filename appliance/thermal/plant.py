@@ -39,7 +39,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PlantParams:
-    """Physical parameters of the simulated card (notes §3; values are assumptions)."""
+    """Physical parameters of the simulated card (docs/thermal.md; values are assumptions)."""
 
     # Preset name, for reports.
     name: str = "5090"

@@ -29,6 +29,11 @@ live one at equilibrium give the governor exactly the same samples. So the detec
    budget within seconds, so an unchanged reading gives no licence to raise it further. This bounds what a
    frozen reading below the setpoint can do before 1 or 2 fire.
 
+4. **Unseen rise.** With the heatsink's commissioned rise and time constant, a second (slow) node joins the
+   model; while the reading is unchanged, the governor regulates on the reading plus the model's rise since
+   the last change beyond half a degree (:meth:`FrozenDetector.unseen_rise`). A reading that freezes while a
+   busy die is still warming is then throttled on the model until 1 or 2 declare it stuck.
+
 A false positive costs throughput (the commissioned blind duty until the reading moves and
 ``recover_samples`` good samples pass), never safety.
 """
@@ -65,8 +70,13 @@ class FrozenSettings:
     probe_max_cut: float
     # No budget increase while the reading is unchanged for longer than this, s.
     frozen_hold_s: float
-    # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this).
-    min_probe_after_s: float = 30.0
+    # Heatsink rise over the room at nameplate power, °C (P_max · R_ha); 0 leaves the slow node out.
+    sink_rise_c: float = 0.0
+    # Heatsink time constant, s.
+    sink_tau_s: float = 60.0
+    # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this;
+    # a third of it when the last six changes climbed 3 °C or more: a warming die).
+    min_probe_after_s: float = 60.0
     # Shortest unchanged run after which the budget may not rise, s.
     min_hold_s: float = 8.0
 
@@ -88,6 +98,8 @@ class FrozenCheck:
 class FrozenDetector:
     """Tracks one reading stream; call :meth:`check` once per valid sample, :meth:`reset` after a gap."""
 
+    UNSEEN_SLACK_C = 0.5
+
     def __init__(self, settings: FrozenSettings) -> None:
         self.s = settings
         self._value: float | None = None
@@ -95,12 +107,15 @@ class FrozenDetector:
         self._model: float | None = None
         self._warm_until = 0.0
         self._model_ref = 0.0
+        self._sink: float | None = None
+        self._total_ref = 0.0
         self._expect_since: float | None = None
         self._last_t: float | None = None
         self._stuck_value: float | None = None
         self._probe_t: float | None = None
         self._probe_busy = 0.0
         self._runs: deque[float] = deque(maxlen=64)
+        self._steps: deque[float] = deque(maxlen=6)
         self._after_probe = False
         self._backoff = 1.0
         self.probes = 0
@@ -122,6 +137,7 @@ class FrozenDetector:
         self._probe_t = None
         self._last_t = None
         self._model = None
+        self._sink = None
 
     def _typical_run_s(self) -> float | None:
         """The longest of the last 8 unchanged runs (None until 8 are known): recent, so that a reading that
@@ -138,12 +154,23 @@ class FrozenDetector:
         elif natural and not self._after_probe:
             self._runs.append(now - self._changed_t)
             self._backoff = 1.0
+            if self._value is not None:
+                self._steps.append(temp - self._value)
         self._after_probe = self._probe_t is not None
         self._value = temp
         self._changed_t = now
         self._model_ref = self._model if self._model is not None else 0.0
+        self._total_ref = self._model_ref + (self._sink or 0.0)
         self._expect_since = None
         self._probe_t = None
+
+    def unseen_rise(self) -> float:
+        """How far the two-node model (die and heatsink) says the die has risen since the reading last
+        changed, beyond one quantisation step, °C (>= 0). The governor adds it to the reading it regulates
+        on, so a reading that stalls while the model says the die keeps warming is not believed blindly."""
+        if self._model is None or self._sink is None or self._value is None:
+            return 0.0
+        return max(self._model + self._sink - self._total_ref - self.UNSEEN_SLACK_C, 0.0)
 
     def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool) -> FrozenCheck:
         """Judge one plausible sample.
@@ -159,10 +186,14 @@ class FrozenDetector:
         dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
         self._last_t = now
         target = s.die_rise_c / s.p_max_w * power
+        sink_target = s.sink_rise_c / s.p_max_w * power
         if self._model is None:  # (re)start: the model needs a few time constants before it is trusted
             self._model = target
+            self._sink = sink_target
             self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
+        assert self._sink is not None
         self._model += (target - self._model) * min(dt / s.die_tau_s, 1.0)
+        self._sink += (sink_target - self._sink) * min(dt / s.sink_tau_s, 1.0)
         if self._stuck_value is not None:
             if temp == self._stuck_value:
                 return FrozenCheck(False, "stuck: reading frozen")
@@ -190,7 +221,10 @@ class FrozenDetector:
         hold_s, probe_after_s = s.frozen_hold_s, s.probe_after_s
         if typical is not None:
             hold_s = min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s)
-            probe_after_s = min(max(3.0 * typical * self._backoff, s.min_probe_after_s), s.probe_after_s)
+            # a reading that was climbing step by step and stops is more suspect than one that dithered
+            climbing = sum(self._steps) >= 3.0
+            floor = s.min_probe_after_s / 3.0 if climbing else s.min_probe_after_s
+            probe_after_s = min(max(3.0 * typical * self._backoff, floor), s.probe_after_s)
         may_raise = frozen_s < hold_s
         if self._probe_t is None:
             if frozen_s >= probe_after_s and can_probe and busy >= 0.2:

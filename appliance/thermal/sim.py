@@ -50,7 +50,7 @@ class Profile:
 
 
 def day_profile(hours: float = 24.0, seed: int = 1, time_scale: float | None = None) -> Profile:
-    """Return the 24 h acceptance profile (notes §4), compressed to ``hours``.
+    """Return the 24 h acceptance profile (docs/thermal.md), compressed to ``hours``.
 
     Phases (in profile hours): 0–1 full load at 25 °C; 1–3 random bursts; a step to 35 °C at 3:00
     with full load, an idle hour 5–6, a burst after idle at 6:00, the fan degraded to 60 % 7–9; a step

@@ -80,6 +80,9 @@ def test_setpoint_for_delay() -> None:
 
 def test_governor_settings_from_a_step_response() -> None:
     out = governor_settings({"ok": True, "tau_s": 3.7, "dead_time_s": 1.0, "r_jh_k_per_w": 0.025}, 545.0)
-    assert out == {"die_tau_s": 4.0, "sensor_delay_s": 1.5, "setpoint_c": 72.5, "die_rise_c": 10.9}
+    assert out == {"die_tau_s": 4.0, "sensor_delay_s": 1.5, "setpoint_c": 72.5, "die_rise_c": 8.17}
     ThermalConfig(**out)  # they are valid [thermal.governor] keys
     assert governor_settings({"ok": False}) == {}
+    blind = {"ok": True, "r_total_k_per_w": 0.09}
+    out = governor_settings({"ok": True, "tau_s": 3.7, "dead_time_s": 1.0, "r_jh_k_per_w": 0.025}, 545.0, blind)
+    assert out["sink_rise_c"] == pytest.approx(0.8 * 0.065 * 545.0, abs=0.01)

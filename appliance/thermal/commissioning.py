@@ -216,7 +216,7 @@ def commission(thermometer: Thermometer, clock: Clock, load: Load, *, room_c: fl
     report["step_response"] = measure_step_response(thermometer, clock, load, 30.0 * scale + 3, 15.0)
     report["blind_duty"] = safe_blind_duty(thermometer, clock, load, room_c, hold_s=900.0 * scale)
     step_w = report["step_response"].get("power_step_w")
-    report["governor"] = governor_settings(report["step_response"], step_w)
+    report["governor"] = governor_settings(report["step_response"], step_w, report["blind_duty"])
     if thermometer.name == "nvml":
         import pynvml
 
@@ -244,14 +244,22 @@ def setpoint_for_delay(delay_s: float, limit_c: float = 75.0) -> float:
     return limit_c - 2.5 - 0.5 * max(delay_s - 3.0, 0.0)
 
 
-def governor_settings(step: dict[str, Any], p_max_w: float | None = None) -> dict[str, float]:
-    """``[thermal.governor]`` keys from a step response (:func:`measure_step_response`): the frozen-sensor
-    model (die rise and time constant, rounded to the cautious side), the sensor delay and the setpoint."""
+def governor_settings(step: dict[str, Any], p_max_w: float | None = None,
+                      blind: dict[str, Any] | None = None) -> dict[str, float]:
+    """``[thermal.governor]`` keys from a step response (:func:`measure_step_response`) and, if given, the
+    constant-duty hold (:func:`safe_blind_duty`): the frozen-sensor model (die rise at 60 % and heatsink rise
+    at 80 % of the fits, time constant rounded up: the cautious side), the sensor delay and the setpoint.
+    The heatsink time constant is not measured here; ``sink_tau_s`` keeps its default."""
     if not step.get("ok"):
         return {}
     out: dict[str, float] = {"die_tau_s": math.ceil(float(step["tau_s"]) * 2) / 2,
                              "sensor_delay_s": math.ceil(float(step["dead_time_s"]) * 2 + 1) / 2}
     out["setpoint_c"] = setpoint_for_delay(out["sensor_delay_s"])
     if step.get("r_jh_k_per_w") and p_max_w:
-        out["die_rise_c"] = round(0.8 * float(step["r_jh_k_per_w"]) * p_max_w, 2)
+        r_jh = float(step["r_jh_k_per_w"])
+        # 60 %: the 15 s first-order fit also catches some heatsink rise, so it overstates R_jh (by ~45 %
+        # on the simulated 5090), and an overstated die rise is the false-positive side of the detector
+        out["die_rise_c"] = round(0.6 * r_jh * p_max_w, 2)
+        if blind and blind.get("ok") and float(blind["r_total_k_per_w"]) > r_jh:
+            out["sink_rise_c"] = round(0.8 * (float(blind["r_total_k_per_w"]) - r_jh) * p_max_w, 2)
     return out

@@ -183,7 +183,7 @@ def _plot_matrix(cells: list[Cell], plants: list[str], faults: list[str], path: 
         ax.set_yticks(range(len(plants)), plants if ax is axes[0] else [""] * len(plants), fontsize=7)
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 

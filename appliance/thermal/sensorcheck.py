@@ -117,6 +117,7 @@ class FrozenDetector:
         self._runs: deque[float] = deque(maxlen=64)
         self._steps: deque[float] = deque(maxlen=6)
         self._after_probe = False
+        self._probe_ref = 0.0
         self._backoff = 1.0
         self.probes = 0
         """Probes started so far."""
@@ -206,14 +207,17 @@ class FrozenDetector:
         expect = self._model - self._model_ref
         # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
         # and a slowly warming heatsink or room can hold a live die still while the power eases off.
-        if expect >= s.stuck_expect_c or (self._probe_t is not None and expect <= -s.probe_expect_c):
+        # a probe is judged on its own effect: the fall the model expects since the probe began
+        probe_fall = self._model - self._probe_ref if self._probe_t is not None else 0.0
+        if expect >= s.stuck_expect_c or probe_fall <= -s.probe_expect_c:
             if self._expect_since is None:
                 self._expect_since = now
             if now - self._expect_since >= s.sensor_delay_s:
                 why = "probe changed nothing" if self._probe_t is not None else "power rose, reading did not"
                 self._stuck_value = temp
                 self._probe_t = None
-                return FrozenCheck(False, f"stuck: {why} ({expect:+.1f} °C expected)")
+                shown = probe_fall if self._probe_t is not None else expect
+                return FrozenCheck(False, f"stuck: {why} ({shown:+.1f} °C expected)")
         else:
             self._expect_since = None
         frozen_s = now - self._changed_t
@@ -230,6 +234,7 @@ class FrozenDetector:
             if frozen_s >= probe_after_s and can_probe and busy >= 0.2:
                 self._probe_t = now
                 self._probe_busy = busy
+                self._probe_ref = self._model
                 self.probes += 1
         if self._probe_t is not None:
             cut = min(s.probe_rate * (now - self._probe_t + 1.0), s.probe_max_cut)

@@ -126,7 +126,7 @@ class ThermalConfig:
     # history shortens it, see sensorcheck).
     probe_after_s: float = 240.0
     # Probe ramp: fraction of the busy fraction removed per second, until the reading moves.
-    probe_rate: float = 0.02
+    probe_rate: float = 0.01
     # Largest probe cut, fraction of the busy fraction.
     probe_max_cut: float = 0.4
     # No budget increase while the reading has been unchanged for longer than this, s.

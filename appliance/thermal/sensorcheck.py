@@ -16,7 +16,8 @@ live one at equilibrium give the governor exactly the same samples. So the detec
    the larger ``probe_expect_c``: outside one, a frozen reading while power falls errs on the safe side, and a
    warming heatsink or room can hold a live die still while the power eases off.
 2. **Probe path.** When the reading has not changed for longer than its own recent history makes plausible
-   (three times the longest of its last 8 unchanged runs, at least ``min_probe_after_s``, at most
+   (three times the longest of its last 8 unchanged runs, at least ``min_probe_after_s`` or, when the
+   reading was climbing, ``climb_probe_after_s``, at most
    ``probe_after_s``; a noisy or warming sensor changes every few seconds, a clean settled one may sit still
    for minutes; each live answer doubles the next wait) while the GPU is busy, the detector asks for a duty
    probe: a ramp down
@@ -74,9 +75,11 @@ class FrozenSettings:
     sink_rise_c: float = 0.0
     # Heatsink time constant, s.
     sink_tau_s: float = 60.0
-    # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this;
-    # a third of it when the last six changes climbed 3 °C or more: a warming die).
-    min_probe_after_s: float = 60.0
+    # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this).
+    # Probes dip a live die: at 60 s the nominal plant with a 3 s delay reached 1.8 °C peak-to-peak over 24 h.
+    min_probe_after_s: float = 120.0
+    # The same when the reading climbed 3 °C or more in the minute before it stalled (a warming die), s.
+    climb_probe_after_s: float = 20.0
     # Shortest unchanged run after which the budget may not rise, s.
     min_hold_s: float = 8.0
 
@@ -115,7 +118,7 @@ class FrozenDetector:
         self._probe_t: float | None = None
         self._probe_busy = 0.0
         self._runs: deque[float] = deque(maxlen=64)
-        self._steps: deque[float] = deque(maxlen=6)
+        self._changes: deque[tuple[float, float]] = deque(maxlen=64)
         self._after_probe = False
         self._probe_ref = 0.0
         self._backoff = 1.0
@@ -147,6 +150,14 @@ class FrozenDetector:
             return None
         return max(list(self._runs)[-8:])
 
+    def _climbed_c(self, span_s: float = 60.0) -> float:
+        """How far the reading rose over the ``span_s`` before its last change, °C."""
+        if not self._changes:
+            return 0.0
+        t_last, v_last = self._changes[-1]
+        older = [v for t, v in self._changes if t_last - t <= span_s]
+        return v_last - min(older)
+
     def _mark(self, now: float, temp: float, power: float, natural: bool = False) -> None:
         # runs that a probe cut short, and the one right after (the reading bouncing back), say nothing
         # about the sensor's own flicker; a live answer to a probe doubles the wait for the next one
@@ -155,8 +166,7 @@ class FrozenDetector:
         elif natural and not self._after_probe:
             self._runs.append(now - self._changed_t)
             self._backoff = 1.0
-            if self._value is not None:
-                self._steps.append(temp - self._value)
+            self._changes.append((now, temp))
         self._after_probe = self._probe_t is not None
         self._value = temp
         self._changed_t = now
@@ -225,9 +235,9 @@ class FrozenDetector:
         hold_s, probe_after_s = s.frozen_hold_s, s.probe_after_s
         if typical is not None:
             hold_s = min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s)
-            # a reading that was climbing step by step and stops is more suspect than one that dithered
-            climbing = sum(self._steps) >= 3.0
-            floor = s.min_probe_after_s / 3.0 if climbing else s.min_probe_after_s
+            # a reading that was climbing and stops is more suspect than one that dithered
+            climbing = self._climbed_c() >= 3.0
+            floor = s.climb_probe_after_s if climbing else s.min_probe_after_s
             probe_after_s = min(max(3.0 * typical * self._backoff, floor), s.probe_after_s)
         may_raise = frozen_s < hold_s
         if self._probe_t is None:

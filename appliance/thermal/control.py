@@ -3,7 +3,9 @@
 The batcher owns pacing; it sets :attr:`ThermalController.busy_source` (the fraction of the last
 period the engine computed) and reads :attr:`ThermalController.duty`. Something calls :meth:`tick`
 about once per second (:meth:`run` does, on a clock). Status, metrics and health read
-:meth:`snapshot`, :attr:`serving` and :attr:`degraded`; all three are thread-safe.
+:meth:`snapshot`, :attr:`serving` and :attr:`degraded`; all three are thread-safe. States are
+:class:`~appliance.thermal.governor.GovernorState` members; :func:`health_action` says what the health
+module should do about a snapshot (the transitions themselves belong to the health module).
 """
 
 from __future__ import annotations

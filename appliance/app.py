@@ -41,6 +41,7 @@ from appliance.preprocess import load_pipelines
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.server import InferenceServicer
+from appliance.thermal.control import HealthAction, health_action
 from appliance.thermal_control import ThermalController
 from appliance.thermometers import make_thermometer
 from appliance.workers.arena import SlotArena
@@ -358,18 +359,14 @@ class App:
             snap = self.thermal.snapshot()
             self.pacer.set_duty(self.thermal.duty)
             self.metrics.observe_thermal(snap)
-            await self.health.set_thermal(snap.state not in ("BLIND", "STOPPED", "EMERGENCY"))
-            if not self.thermal.serving:
-                if snap.state == "STOPPED" and not self.thermal_stopped:
+            action, reason = health_action(snap)
+            await self.health.follow_thermal(action, reason)
+            if action in (HealthAction.PAUSE, HealthAction.STOP):
+                if action is HealthAction.STOP and not self.thermal_stopped:
                     self.thermal_stopped = True
                     log.critical("GPU lost: dispatch stopped; the watchdog will let systemd restart the service")
-                if self.health.state == ServiceState.SERVING:
-                    await self.health.set_not_serving(f"thermal {snap.state.lower()}: {snap.reason}")
                 pause = Unavailable(f"thermal {snap.state.lower()}: dispatch paused", reason="THERMAL_PAUSE")
                 self.batcher.fail_pending(pause)
-            elif self.health.state == ServiceState.NOT_SERVING and self.batcher.dead is None:
-                if self.health.reason.startswith("thermal"):
-                    await self.health.set_serving()
             queue = self.batcher.statistics()
             self.metrics.queue_depth.set(queue.depth)
             self.metrics.queue_capacity.set(queue.capacity)

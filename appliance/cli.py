@@ -291,7 +291,7 @@ def _cmd_bench(argv: list[str]) -> int:
 
 
 def _cmd_thermal_sim(argv: list[str]) -> int:
-    from appliance.thermal_sim import main as sim_main
+    from appliance.thermal.simcli import main as sim_main
 
     return sim_main(argv)
 

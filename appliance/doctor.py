@@ -8,7 +8,7 @@ the sha256 of every artifact, one real batch through the CPU engine on synthetic
 built or loaded and compared with the CPU; W4A16 vs FP16 latency and AUC; end-to-end p50/p99 through the
 daemon with the GPU temperature). See docs/gpu.md.
 
-``--thermal``: commissioning (appliance.commissioning): NVML latency and update period, step response and
+``--thermal``: commissioning (appliance.thermal.commissioning): NVML latency and update period, step response and
 safe blind duty, with the GPU engine as the load. ``--sim`` runs it against the simulated plant instead.
 
 Exit code: 0 all checks pass, 1 a check failed, 3 (``EXIT_NO_GPU``) ``--gpu`` on a machine without a usable
@@ -148,7 +148,7 @@ def check_model(config: Any) -> tuple[list[Check], Any]:
 
 def check_thermometer() -> Check:
     """Which thermometer "auto" finds."""
-    from appliance.thermometers import make_thermometer
+    from appliance.thermal.source import make_thermometer
 
     therm = make_thermometer("auto")
     try:
@@ -193,8 +193,9 @@ class _EngineLoad:
 def check_thermal(config: Any, manifest: Any, sim: bool, quick: bool) -> Check:
     """Commissioning against NVML (with the GPU engine as load) or the simulated plant."""
     from appliance.clock import RealClock
-    from appliance.commissioning import commission
-    from appliance.thermometers import SimulatedThermometer, make_thermometer
+    from appliance.thermal.commissioning import commission
+    from appliance.thermal.simulated import SimulatedThermometer
+    from appliance.thermal.source import make_thermometer
 
     if sim:  # simulated time: the plant advances as the procedure sleeps, so this runs in seconds
         from appliance.clock import ManualClock

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
 from appliance.notify import Notifier
+from appliance.thermal.control import HealthAction
 
 __all__ = ["INFERENCE_SERVICE", "THERMAL_SERVICE", "HealthState", "ServiceState"]
 
@@ -89,6 +90,20 @@ class HealthState:
         if ok != self._thermal_ok and self.state != ServiceState.DRAINING:
             self._thermal_ok = ok
             await self.servicer.set(THERMAL_SERVICE, _SERVING if ok else _NOT_SERVING)
+
+    async def follow_thermal(self, action: HealthAction, reason: str) -> None:
+        """Apply the thermal loop's verdict (:func:`appliance.thermal.control.health_action`).
+
+        SERVE keeps everything SERVING; SERVE_DEGRADED (blind) fails only ``appliance.thermal``; PAUSE
+        (emergency) and STOP (GPU lost) make the service NOT_SERVING. A thermal NOT_SERVING recovers here too;
+        one with another cause (engine dead, a stalled stage) is left to its owner.
+        """
+        await self.set_thermal(action is HealthAction.SERVE)
+        if action in (HealthAction.PAUSE, HealthAction.STOP):
+            if self.state == ServiceState.SERVING:
+                await self.set_not_serving(reason)
+        elif self.state == ServiceState.NOT_SERVING and self.reason.startswith("thermal"):
+            await self.set_serving()
 
     async def set_draining(self) -> None:
         """SIGTERM: STOPPING=1 and every name NOT_SERVING (later sets are ignored by the servicer)."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from appliance import commissioning as cm
 from appliance.clock import ManualClock
-from appliance.fakes.fake_pynvml import FakePynvml
-from appliance.thermal_sim import SensorParams
-from appliance.thermometers import NoThermometer, NvmlThermometer, SimulatedThermometer
+from appliance.thermal import commissioning as cm
+from appliance.thermal.fake_pynvml import FakePynvml
+from appliance.thermal.nvml import NvmlThermometer
+from appliance.thermal.plant import SensorParams
+from appliance.thermal.simulated import SimulatedThermometer
+from appliance.thermal.source import NoThermometer
 
 
 def sim() -> tuple[ManualClock, SimulatedThermometer]:
@@ -29,6 +31,10 @@ def test_quick_commission_report_is_json_able() -> None:
     assert step["ok"] and 5.0 < step["delta_t_c"] < 40.0 and 1.0 <= step["tau_s"] <= 30.0
     assert step["power_step_w"] == pytest.approx(530, abs=60)
     assert 0.05 <= rep["blind_duty"]["blind_duty"] <= 0.6
+    gov = rep["governor"]  # what to store under [thermal.governor]
+    assert {"die_tau_s", "sensor_delay_s", "setpoint_c", "die_rise_c"} <= set(gov)
+    assert 1.0 <= gov["sensor_delay_s"] <= 4.0 and 72.0 <= gov["setpoint_c"] <= 72.5
+    assert 5.0 <= gov["die_rise_c"] <= 20.0
 
 
 def test_blind_duty_is_safe_in_the_worst_room() -> None:

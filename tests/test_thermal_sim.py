@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from appliance import thermal_sim as ts
-from appliance.thermal_sim import PRESETS, SensorParams
+from appliance.thermal import plant as tp
+from appliance.thermal import sim as ts
+from appliance.thermal import simcli
+from appliance.thermal.governor import GovernorState
+from appliance.thermal.plant import PRESETS, SensorParams
 
 P5090 = PRESETS["5090"]
 
@@ -88,16 +91,16 @@ def test_faults_on_profile(profile6: ts.Profile, fault: str, delay: float) -> No
         res = out["result"]
         assert isinstance(res, ts.SimResult)
         first = int(min(f.start_s for f in prof.faults))
-        assert res.duty[first] == 0.0 and res.state[first] == "STOPPED"
+        assert res.duty[first] == 0.0 and res.state[first] is GovernorState.STOPPED
         assert res.duty[first - 1] > 0.0
 
 
 HOT_ROOM_FAULTS = {
-    "read_error_at_load_step": [ts.Fault("read_error", 600, 2400)],
-    "stuck_at_load_step": [ts.Fault("stuck", 600, 2400)],
-    "stuck_at_steady_load": [ts.Fault("stuck", 1800, 3000)],
-    "garbage": [ts.Fault("garbage", 0, 3600)],
-    "lost": [ts.Fault("lost", 1500, math.inf)],
+    "read_error_at_load_step": [tp.Fault("read_error", 600, 2400)],
+    "stuck_at_load_step": [tp.Fault("stuck", 600, 2400)],
+    "stuck_at_steady_load": [tp.Fault("stuck", 1800, 3000)],
+    "garbage": [tp.Fault("garbage", 0, 3600)],
+    "lost": [tp.Fault("lost", 1500, math.inf)],
 }
 
 
@@ -111,9 +114,9 @@ def test_faults_in_a_hot_room(name: str, plant: str) -> None:
     res = ts.run_profile(prof, PRESETS[plant], SensorParams(3.0))
     assert res.seconds_above == 0.0 and res.max_die_c < 75.0
     if name.startswith(("read_error", "stuck")):
-        assert "BLIND" in res.state
+        assert GovernorState.BLIND in res.state
     if name == "stuck_at_load_step":  # detected within ~15 s of the load step
-        assert "BLIND" in res.state[900:915]
+        assert GovernorState.BLIND in res.state[900:915]
 
 
 def test_stuck_detection_no_false_trigger_on_long_steady_load() -> None:
@@ -129,26 +132,26 @@ def test_oracles_bracket_the_governor(profile6: ts.Profile) -> None:
 
 
 def test_plant_steady_state_matches_notes() -> None:
-    plant = ts.Plant(ambient_c=25.0)
+    plant = tp.Plant(ambient_c=25.0)
     plant.advance(3000.0, 1.0)
     assert plant.tj == pytest.approx(76.2, abs=0.6)
-    plant4 = ts.Plant(PRESETS["4090"], ambient_c=21.5)
+    plant4 = tp.Plant(PRESETS["4090"], ambient_c=21.5)
     plant4.advance(3000.0, 1.0)
     assert plant4.tj == pytest.approx(68.0, abs=0.8)
 
 
 def test_sensor_quantises_and_delays() -> None:
-    plant = ts.Plant(ambient_c=25.0)
-    sensor = ts.Sensor(SensorParams(2.0, "floor", 0.0))
+    plant = tp.Plant(ambient_c=25.0)
+    sensor = tp.Sensor(SensorParams(2.0, "floor", 0.0))
     plant.advance(1.0, 1.0)
     assert sensor.read(plant) == math.floor(plant.die_delayed(2.0)) and sensor.read(plant) < plant.tj
     with pytest.raises(ValueError, match="quantize"):
-        ts.Sensor(SensorParams(1.0, "ceil"))
+        tp.Sensor(SensorParams(1.0, "ceil"))
 
 
 def test_cli_writes_json_and_exits_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
-    rc = ts.main(["--hours", "3", "--json", str(out), "--delay-s", "2", "--quantize", "round"])
+    rc = simcli.main(["--hours", "3", "--json", str(out), "--delay-s", "2", "--quantize", "round"])
     text = capsys.readouterr().out
     assert rc == 0 and "PASS" in text and "seconds_above_limit" in text
     doc = json.loads(out.read_text())
@@ -159,12 +162,12 @@ def test_cli_writes_json_and_exits_zero(tmp_path: Path, capsys: pytest.CaptureFi
 def test_cli_fault_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "r.png"
-    assert ts.main(["--hours", "1", "--fault", "lost", "--plot", str(png)]) == 0
+    assert simcli.main(["--hours", "1", "--fault", "lost", "--plot", str(png)]) == 0
     assert png.stat().st_size > 1000
     assert "lost_stops" in capsys.readouterr().out
 
 
 def test_cli_fails_when_a_target_fails(capsys: pytest.CaptureFixture[str]) -> None:
     # a setpoint at the limit with a 3 s delay must overshoot: the command reports FAIL and exits 1
-    assert ts.main(["--hours", "2", "--setpoint-c", "74.6", "--delay-s", "3"]) == 1
+    assert simcli.main(["--hours", "2", "--setpoint-c", "74.6", "--delay-s", "3"]) == 1
     assert "FAIL" in capsys.readouterr().out

@@ -5,17 +5,13 @@ from __future__ import annotations
 import pytest
 
 from appliance.clock import ManualClock
-from appliance.fakes.fake_pynvml import FakePynvml
 from appliance.governor import Governor, ThermalConfig
-from appliance.thermal_control import ThermalController
-from appliance.thermal_sim import Fault, SensorParams
-from appliance.thermometers import (
-    NVML_ERRORS,
-    NoThermometer,
-    NvmlThermometer,
-    SimulatedThermometer,
-    make_thermometer,
-)
+from appliance.thermal.control import ThermalController
+from appliance.thermal.fake_pynvml import FakePynvml
+from appliance.thermal.nvml import NVML_ERRORS, NvmlThermometer
+from appliance.thermal.plant import Fault, SensorParams
+from appliance.thermal.simulated import SimulatedThermometer
+from appliance.thermal.source import NoThermometer, make_thermometer
 
 # code, error kind expected in Reading.error when the temperature read fails with it
 TEMPERATURE_ERRORS = [

@@ -1,0 +1,265 @@
+"""``appliance doctor --thermal``: measure on the real box what the thermal simulation assumed.
+
+Steps (``docs/thermal.md``, commissioning), each returning plain JSON-able data:
+
+1. :func:`measure_latency`: median / p99 of one thermometer read (temperature + power + energy).
+2. :func:`measure_update_period`: poll fast through a load step and count distinct value changes.
+3. :func:`measure_step_response`: idle → load for N s; fit ΔT, τ and dead time of the die.
+4. :func:`safe_blind_duty`: hold a constant duty to near steady state and extrapolate to the
+   configured worst-case room with a fan margin.
+
+:func:`commission` runs them all. ``load(duty)`` is the caller's way to make the GPU work at a
+duty (the engine paced by the batcher); tests pass the simulated thermometer's ``note_busy``.
+
+Root-only actions are **opt-in**: :func:`set_static_power_limit` is only called when the caller passes
+``power_limit_w`` (``appliance doctor --thermal --set-power-limit W``). NVML power-limit writes need
+root, are not persistent across reboots or driver reloads, and should be applied from a privileged
+``ExecStartPre`` rather than by the unprivileged daemon.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from appliance.clock import Clock
+from appliance.thermal.source import Thermometer
+
+if TYPE_CHECKING:
+    from appliance.thermal.nvml import NvmlThermometer
+
+__all__ = [
+    "commission",
+    "governor_settings",
+    "measure_latency",
+    "measure_step_response",
+    "measure_update_period",
+    "safe_blind_duty",
+    "set_static_power_limit",
+    "setpoint_for_delay",
+]
+
+
+Load = Callable[[float], None]
+
+
+def measure_latency(thermometer: Thermometer, samples: int = 200,
+                    timer: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Return median and p99 latency of ``thermometer.read()``, ms."""
+    lat = []
+    for _ in range(samples):
+        t0 = timer()
+        thermometer.read()
+        lat.append((timer() - t0) * 1e3)
+    lat.sort()
+    return {"samples": samples, "median_ms": statistics.median(lat),
+            "p99_ms": lat[min(len(lat) - 1, int(math.ceil(0.99 * len(lat))) - 1)]}
+
+
+def measure_update_period(thermometer: Thermometer, clock: Clock, load: Load, duration_s: float = 20.0,
+                          poll_hz: float = 20.0) -> dict[str, float | int | None]:
+    """Poll at ``poll_hz`` through an idle → full load step; return the temperature update period.
+
+    The period is the median time between distinct reading changes; with a heating die the value
+    changes at least every update that crosses a degree, so this is an upper bound.
+    """
+    load(1.0)
+    changes: list[float] = []
+    last: float | None = None
+    end = clock.monotonic() + duration_s
+    while clock.monotonic() < end:
+        r = thermometer.read()
+        if r.temp_c is not None and r.temp_c != last:
+            if last is not None:
+                changes.append(clock.monotonic())
+            last = r.temp_c
+        clock.sleep(1.0 / poll_hz)
+    load(0.0)
+    gaps = [b - a for a, b in zip(changes, changes[1:], strict=False)]
+    return {"changes": len(changes), "poll_hz": poll_hz,
+            "median_change_interval_s": statistics.median(gaps) if gaps else None}
+
+
+def _fit_first_order(ts: list[float], ys: list[float], y0: float) -> tuple[float, float, float, float]:
+    """Least-squares fit of y = y0 + dT·(1 − exp(−(t − d)/τ)) over a grid of τ and dead time d.
+
+    Returns (dT, τ, d, rms). dT has a closed form for each (τ, d).
+    """
+    best = (0.0, 1.0, 0.0, math.inf)
+    for d in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0):
+        for k in range(1, 121):
+            tau = 0.5 * k
+            g = [1.0 - math.exp(-max(t - d, 0.0) / tau) for t in ts]
+            gg = sum(x * x for x in g)
+            if gg <= 0:
+                continue
+            dt = sum(x * (y - y0) for x, y in zip(g, ys, strict=True)) / gg
+            rms = math.sqrt(sum((y0 + dt * x - y) ** 2 for x, y in zip(g, ys, strict=True)) / len(ys))
+            if rms < best[3]:
+                best = (dt, tau, d, rms)
+    return best
+
+
+def measure_step_response(thermometer: Thermometer, clock: Clock, load: Load, idle_s: float = 30.0,
+                          load_s: float = 15.0, period_s: float = 0.5) -> dict[str, Any]:
+    """Idle for ``idle_s``, then full load for ``load_s``; fit the die's first-order response.
+
+    Returns baseline °C, fitted ΔT, τ_die, dead time, the mean power step and R_jh ≈ ΔT/ΔP.
+    """
+    load(0.0)
+    clock.sleep(idle_s)
+    base = [r for r in (thermometer.read() for _ in range(3)) if r.temp_c is not None]
+    y0 = statistics.fmean(r.temp_c for r in base if r.temp_c is not None) if base else math.nan
+    p0 = statistics.fmean(r.power_w for r in base if r.power_w is not None) if base and all(
+        r.power_w is not None for r in base) else None
+    load(1.0)
+    t_start = clock.monotonic()
+    ts: list[float] = []
+    ys: list[float] = []
+    ps: list[float] = []
+    while clock.monotonic() - t_start < load_s:
+        clock.sleep(period_s)
+        r = thermometer.read()
+        if r.temp_c is not None:
+            ts.append(clock.monotonic() - t_start)
+            ys.append(r.temp_c)
+        if r.power_w is not None:
+            ps.append(r.power_w)
+    load(0.0)
+    if len(ys) < 4 or math.isnan(y0):
+        return {"ok": False, "reason": "too few readings during the step"}
+    d_t, tau, dead, rms = _fit_first_order(ts, ys, y0)
+    dp = (statistics.fmean(ps[len(ps) // 2:]) - p0) if ps and p0 is not None else None
+    return {"ok": True, "baseline_c": y0, "delta_t_c": d_t, "tau_s": tau, "dead_time_s": dead, "rms_c": rms,
+            "power_step_w": dp, "r_jh_k_per_w": (d_t / dp) if dp else None}
+
+
+def safe_blind_duty(thermometer: Thermometer, clock: Clock, load: Load, room_c: float, *,
+                    duty: float = 0.5, hold_s: float = 900.0, worst_room_c: float = 40.0,
+                    fan_margin: float = 1.25, limit_c: float = 75.0, margin_c: float = 3.0,
+                    p_idle_w: float | None = None) -> dict[str, Any]:
+    """Run at ``duty`` for ``hold_s`` and extrapolate the largest duty safe in ``worst_room_c``.
+
+    Model: the rise over the room is proportional to power (``R_total = ΔT/P``), the degraded fan
+    multiplies R_total by ``fan_margin``, and power is ``P_idle + u·W``. The duty is rounded down to
+    0.05 and must keep the die ``margin_c`` under ``limit_c``. ``room_c`` is the measured room
+    (intake) temperature during the test.
+    """
+    load(duty)
+    samples = []
+    t_end = clock.monotonic() + hold_s
+    while clock.monotonic() < t_end:
+        clock.sleep(1.0)
+        samples.append(thermometer.read())
+    load(0.0)
+    tail = [r for r in samples[-max(len(samples) // 5, 1):] if r.temp_c is not None]
+    powers = [r.power_w for r in tail if r.power_w is not None]
+    if not tail or not powers:
+        return {"ok": False, "reason": "no temperature/power readings at constant duty"}
+    t_ss = statistics.fmean(r.temp_c for r in tail if r.temp_c is not None)
+    p_ss = statistics.fmean(powers)
+    r_total = (t_ss - room_c) / p_ss
+    p_idle = p_idle_w if p_idle_w is not None else 0.05 * p_ss / max(duty, 1e-3)
+    w = (p_ss - p_idle) / duty
+    p_allowed = (limit_c - margin_c - worst_room_c) / (r_total * fan_margin)
+    u = max(0.0, min(1.0, (p_allowed - p_idle) / w))
+    u = math.floor(u * 20) / 20
+    return {"ok": True, "test_duty": duty, "steady_c": t_ss, "steady_w": p_ss, "r_total_k_per_w": r_total,
+            "worst_room_c": worst_room_c, "fan_margin": fan_margin, "blind_duty": u,
+            "note": "store as ThermalConfig.blind_duty"}
+
+
+def set_static_power_limit(thermometer: NvmlThermometer, watts: float) -> dict[str, Any]:
+    """Set the NVML power limit to ``watts`` (ROOT ONLY, opt-in; not persistent across reboots).
+
+    Returns the old limit, the constraints and the outcome; NoPermission is reported, not raised.
+    """
+    from appliance.thermal.nvml import nvml_error_kind
+
+    nv, h = thermometer.nvml, thermometer.handle
+    if h is None:
+        return {"ok": False, "reason": thermometer.why_unavailable}
+    try:
+        old = nv.nvmlDeviceGetPowerManagementLimit(h)
+        lo, hi = nv.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        mw = int(min(max(watts * 1000, lo), hi))
+        nv.nvmlDeviceSetPowerManagementLimit(h, mw)
+    except nv.NVMLError as exc:
+        kind = nvml_error_kind(exc)
+        hint = " (run as root, e.g. from a privileged ExecStartPre)" if kind == "no_permission" else ""
+        return {"ok": False, "reason": f"{kind}{hint}"}
+    return {"ok": True, "old_limit_w": old / 1000, "new_limit_w": mw / 1000, "constraints_w": [lo / 1000, hi / 1000],
+            "note": "not persistent across reboots or driver reloads"}
+
+
+def commission(thermometer: Thermometer, clock: Clock, load: Load, *, room_c: float = 25.0,
+               quick: bool = False, power_limit_w: float | None = None) -> dict[str, Any]:
+    """Run every commissioning step and return one JSON-able report.
+
+    Args:
+        thermometer: The source to characterise (NVML on a real box; the simulation in tests).
+        clock: Real clock on hardware.
+        load: Sets the GPU's busy duty (0 idle .. 1 full).
+        room_c: Measured intake temperature during the test, °C.
+        quick: Short durations (a smoke test, not a commissioning).
+        power_limit_w: Opt-in, root only: also set a static power limit (W).
+    """
+    if not thermometer.available:
+        return {"ok": False, "reason": thermometer.why_unavailable}
+    scale = 0.1 if quick else 1.0
+    report: dict[str, Any] = {"source": thermometer.name, "quick": quick}
+    report["latency"] = measure_latency(thermometer, 20 if quick else 200)
+    report["update_period"] = measure_update_period(thermometer, clock, load, 20.0 * scale if not quick else 5.0)
+    report["step_response"] = measure_step_response(thermometer, clock, load, 30.0 * scale + 3, 15.0)
+    report["blind_duty"] = safe_blind_duty(thermometer, clock, load, room_c, hold_s=900.0 * scale)
+    step_w = report["step_response"].get("power_step_w")
+    report["governor"] = governor_settings(report["step_response"], step_w, report["blind_duty"])
+    if thermometer.name == "nvml":
+        import pynvml
+
+        from appliance.thermal.nvml import NvmlThermometer
+
+        assert isinstance(thermometer, NvmlThermometer)
+        report["limits_c"] = thermometer.read_fields([
+            pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT, pynvml.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT,
+            pynvml.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT, pynvml.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT])
+        if power_limit_w is not None:
+            report["power_limit"] = set_static_power_limit(thermometer, power_limit_w)
+    report["ok"] = all(v.get("ok", True) for v in report.values() if isinstance(v, dict))
+    return report
+
+
+def setpoint_for_delay(delay_s: float, limit_c: float = 75.0) -> float:
+    """The setpoint a measured sensor delay allows, °C: 2.5 °C under the limit up to 3 s of delay, and
+    another 0.5 °C per second beyond. Uncommissioned boxes keep the default 3 °C margin.
+
+    In the fault matrix (``docs/thermal.md``) 2.5 °C kept the true die <= 74.2 °C on every plant with delays
+    up to 3 s and floored readings, and lifted the served fraction by about 2 points over a 3 °C margin.
+    """
+    if not (math.isfinite(delay_s) and delay_s >= 0):
+        raise ValueError(f"sensor delay must be a non-negative number of seconds, got {delay_s!r}")
+    return limit_c - 2.5 - 0.5 * max(delay_s - 3.0, 0.0)
+
+
+def governor_settings(step: dict[str, Any], p_max_w: float | None = None,
+                      blind: dict[str, Any] | None = None) -> dict[str, float]:
+    """``[thermal.governor]`` keys from a step response (:func:`measure_step_response`) and, if given, the
+    constant-duty hold (:func:`safe_blind_duty`): the frozen-sensor model (die rise at 60 % and heatsink rise
+    at 80 % of the fits, time constant rounded up: the cautious side), the sensor delay and the setpoint.
+    The heatsink time constant is not measured here; ``sink_tau_s`` keeps its default."""
+    if not step.get("ok"):
+        return {}
+    out: dict[str, float] = {"die_tau_s": math.ceil(float(step["tau_s"]) * 2) / 2,
+                             "sensor_delay_s": math.ceil(float(step["dead_time_s"]) * 2 + 1) / 2}
+    out["setpoint_c"] = setpoint_for_delay(out["sensor_delay_s"])
+    if step.get("r_jh_k_per_w") and p_max_w:
+        r_jh = float(step["r_jh_k_per_w"])
+        # 60 %: the 15 s first-order fit also catches some heatsink rise, so it overstates R_jh (by ~45 %
+        # on the simulated 5090), and an overstated die rise is the false-positive side of the detector
+        out["die_rise_c"] = round(0.6 * r_jh * p_max_w, 2)
+        if blind and blind.get("ok") and float(blind["r_total_k_per_w"]) > r_jh:
+            out["sink_rise_c"] = round(0.8 * (float(blind["r_total_k_per_w"]) - r_jh) * p_max_w, 2)
+    return out

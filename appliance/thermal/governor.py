@@ -1,0 +1,442 @@
+"""The thermal governor: a pure PI controller in the power domain, wrapped in a fail-safe.
+
+The governor turns one temperature sample per control period into a pacing *duty* in [0, 1]: the
+fraction of wall time the batcher may keep the GPU computing. It does no I/O and reads no clock, so
+tests, benchmarks and outside tools drive it against their own plants::
+
+    from appliance.governor import Governor, ThermalConfig
+    gov = Governor(ThermalConfig())
+    duty = gov.update(now_s, temp_c, power_w=None, busy=None)
+    gov.state          # GovernorState.THROTTLING, ...
+    gov.last_decision  # Decision(duty, budget_w, state, reason, headroom, ...)
+
+Design (``docs/thermal.md``):
+
+- A PI law computes a power *budget* ``I + Kp·e`` (e = setpoint − reading), with a gentler gain
+  below the setpoint than above it, and converts it to duty through a feed-forward model
+  ``duty = (budget − P_idle) / W_per_duty``. ``W_per_duty`` is learned online from measured power
+  and the achieved busy fraction; without power readings the nameplate model is used.
+- Anti-windup by conditional integration: the integrator only rises while the batcher actually used
+  its allowance (``busy ≥ duty − slack``) and the output is not saturated. Below the switch-on
+  temperature the integrator is *frozen*, never reset, so a burst after idle starts at the learned
+  sustainable budget.
+- A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
+- The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
+  back to the commissioned ``blind_duty`` until ``recover_samples`` good samples; a frozen but
+  plausible reading is judged by :mod:`appliance.thermal.sensorcheck` (a power-driven die model, a
+  ramped duty probe when the reading is stiller than its history makes plausible, and no budget
+  increase on an unchanged reading) and also goes BLIND, with the reason; a lost GPU stops dispatch at
+  once (``STOPPED``, terminal); a reading ≥ ``emergency_c`` for ``emergency_s`` at minimum duty pauses
+  dispatch until it falls to the setpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+
+from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
+
+__all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
+
+
+class GovernorState(enum.IntEnum):
+    """Where the governor stands, ordered by severity.
+
+    Ordering rule: ``state >= THROTTLING`` limits throughput (degraded); ``state >= EMERGENCY``
+    stops dispatch (NOT_SERVING). ``DISABLED`` is only reported by controllers without a sensor.
+    """
+
+    DISABLED = 0  # no thermometer: the governor is not running, duty 1
+    COOL = 1  # reading below switch-on: duty 1, integrator frozen
+    REGULATING = 2  # PI active but not limiting (duty 1)
+    THROTTLING = 3  # PI active and limiting (duty < 1)
+    HOLDING = 4  # sensor error: last duty held for at most hold_s
+    BLIND = 5  # sensor untrusted: commissioned blind duty
+    EMERGENCY = 6  # reading far above the limit at minimum duty: duty 0 until cooled
+    STOPPED = 7  # GPU lost: duty 0 for good (terminal; restart the service)
+
+
+@dataclass(frozen=True)
+class ThermalConfig:
+    """Governor settings. Defaults suit a 5090-class card with a 1 s NVML period (docs/thermal.md).
+
+    Every field is validated in ``__post_init__``; errors name the field.
+    """
+
+    # Hard wall on the NVML GPU sensor, °C. Reported seconds-above are counted against it.
+    limit_c: float = 75.0
+    # PI target, °C. 3 °C margin covers 1–3 s sensor delay, flooring and noise (docs/thermal.md).
+    setpoint_c: float = 72.0
+    # Below this reading the governor idles at duty 1 with the integrator frozen, °C.
+    switch_on_c: float = 60.0
+    # Second line of defence: at a reading >= guard_c the budget is capped at guard_factor × power.
+    guard_c: float = 74.0
+    # Fraction of measured power the budget may keep while the guard is active.
+    guard_factor: float = 0.93
+    # Proportional gain below the setpoint (approach gently), W/°C. 20 rather than 30: with a
+    # 3 s delay, rounding and σ 0.5 °C noise, 30/60 oscillated 1.8 °C peak-to-peak; 20/40 gives 1.2 (0.67 on
+    # the nominal plant) at the same served fraction (thermal-sim, 24 h).
+    kp_cool_w_per_c: float = 20.0
+    # Proportional gain above the setpoint (back off fast), W/°C.
+    kp_hot_w_per_c: float = 40.0
+    # Integral time, s (≈ heatsink time constant / 1.5). Integral gain = kp_cool / ti_s.
+    ti_s: float = 30.0
+    # Slack on the anti-windup test: integrate upward only while busy >= duty - busy_slack.
+    busy_slack: float = 0.05
+    # Lowest duty in normal operation; pausing completely is the fail-safe's job.
+    min_duty: float = 0.05
+    # Commissioned constant duty proven safe in the worst-case room with fan margin (docs/thermal.md).
+    blind_duty: float = 0.5
+    # Seconds the last duty is held after a sensor error before going blind.
+    hold_s: float = 3.0
+    # Consecutive good samples needed to leave BLIND.
+    recover_samples: int = 5
+    # Nameplate idle power, W: used until/unless measured power teaches the model.
+    p_idle_w: float = 30.0
+    # Nameplate power at duty 1, W.
+    p_max_w: float = 575.0
+    # Plausible readings lie in [plausible_min_c, plausible_max_c], °C.
+    plausible_min_c: float = 5.0
+    # Upper end of the plausible range, °C.
+    plausible_max_c: float = 110.0
+    # A reading that moves more than this × period_s from the last good one is implausible, °C/s.
+    max_jump_c_per_s: float = 10.0
+    # Frozen-sensor detector (appliance/thermal/sensorcheck.py, docs/thermal.md). Die rise over the heatsink
+    # at p_max_w (P_max · R_jh), °C; commissioning measures it. 10 is the low end of the rated range: a smaller
+    # value than the real one only slows detection, a larger one risks false positives.
+    die_rise_c: float = 10.0
+    # Die time constant R_jh · C_j, s (commissioning: step response). Longer is the cautious side.
+    die_tau_s: float = 6.0
+    # Longest sensor delay (dead time) to allow for, s (commissioning: step response).
+    sensor_delay_s: float = 3.0
+    # Heatsink rise over the room at p_max_w (P_max · R_ha), °C, and its time constant, s (commissioning:
+    # blind-duty hold and cool-down). With it, a reading that stalls while the power-driven model says the die
+    # keeps warming is regulated as reading + that rise beyond one step (sensorcheck); 0 disables this.
+    sink_rise_c: float = 0.0
+    # Heatsink time constant with the fan on, s.
+    sink_tau_s: float = 60.0
+    # The model-expected change a live reading must show, °C.
+    stuck_expect_c: float = 1.2
+    # The model-expected fall a live reading must show during a probe, °C.
+    probe_expect_c: float = 2.0
+    # An unchanged reading at most this long while regulating starts a duty probe, s (a noisy sensor's own
+    # history shortens it, see sensorcheck).
+    probe_after_s: float = 240.0
+    # Probe ramp: fraction of the busy fraction removed per second, until the reading moves.
+    probe_rate: float = 0.01
+    # Largest probe cut, fraction of the busy fraction.
+    probe_max_cut: float = 0.4
+    # No budget increase while the reading has been unchanged for longer than this, s.
+    frozen_hold_s: float = 20.0
+    # Emergency: a reading >= emergency_c for emergency_s with duty at minimum pauses dispatch.
+    emergency_c: float = 77.0
+    # Seconds above emergency_c (at minimum duty) before EMERGENCY.
+    emergency_s: float = 10.0
+    # Nominal control period, s; longer gaps are clamped to 3 periods in the integrator.
+    period_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        positive = (
+            "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
+            "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
+            "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c", "sink_tau_s",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"ThermalConfig.{name} must be a positive finite number, got {value!r}")
+        for name in ("min_duty", "blind_duty", "busy_slack", "probe_max_cut"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"ThermalConfig.{name} must lie in [0, 1], got {value!r}")
+        if not 0.0 < self.guard_factor <= 1.0:
+            raise ValueError(f"ThermalConfig.guard_factor must lie in (0, 1], got {self.guard_factor!r}")
+        if self.min_duty > self.blind_duty:
+            raise ValueError("ThermalConfig.blind_duty must be >= min_duty")
+        if not self.switch_on_c < self.setpoint_c < self.limit_c:
+            raise ValueError(
+                "ThermalConfig.setpoint_c must lie between switch_on_c and limit_c, got "
+                f"{self.switch_on_c} < {self.setpoint_c} < {self.limit_c}"
+            )
+        if not self.setpoint_c < self.guard_c <= self.emergency_c:
+            raise ValueError("ThermalConfig.guard_c must lie in (setpoint_c, emergency_c]")
+        if not 0.0 <= self.p_idle_w < self.p_max_w:
+            raise ValueError("ThermalConfig.p_idle_w must lie in [0, p_max_w)")
+        if not self.plausible_min_c < self.switch_on_c:
+            raise ValueError("ThermalConfig.plausible_min_c must be below switch_on_c")
+        if not (math.isfinite(self.sensor_delay_s) and self.sensor_delay_s >= 0):
+            raise ValueError(f"ThermalConfig.sensor_delay_s must be >= 0, got {self.sensor_delay_s!r}")
+        if not (math.isfinite(self.sink_rise_c) and self.sink_rise_c >= 0):
+            raise ValueError(f"ThermalConfig.sink_rise_c must be >= 0, got {self.sink_rise_c!r}")
+        if self.recover_samples < 1:
+            raise ValueError("ThermalConfig.recover_samples must be >= 1")
+
+    def replace(self, **changes: float) -> ThermalConfig:
+        """Return a validated copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the governor decided on its last update (read-only; for status and metrics)."""
+
+    # Time of the sample, monotonic s.
+    now_s: float
+    # Pacing duty in [0, 1] for the next period.
+    duty: float
+    # Power budget of the PI law, W (None outside regulation).
+    budget_w: float | None
+    # Governor state after the update.
+    state: GovernorState
+    # Short human reason, e.g. "pi", "guard", "read_error hold", "stuck: power moved".
+    reason: str
+    # (limit − reading) / (limit − switch_on), clipped to [0, 1]; None without a good reading.
+    headroom: float | None
+    # The reading used, °C (None if it was rejected or missing).
+    temp_c: float | None
+    # Power used by the model, W (measured, from energy, or estimated).
+    power_w: float | None
+
+
+_ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
+
+
+class Governor:
+    """PI-in-power-domain thermal governor with a built-in fail-safe. Pure: no I/O, no clock.
+
+    Args:
+        config: The settings; ``ThermalConfig()`` gives the documented defaults.
+    """
+
+    def __init__(self, config: ThermalConfig | None = None) -> None:
+        self.config = config or ThermalConfig()
+        c = self.config
+        self._state = GovernorState.COOL
+        self._duty = 1.0
+        self._integral: float | None = None  # W; None until first activation (bumpless start)
+        self._w_per_duty = c.p_max_w - c.p_idle_w
+        self._last_t: float | None = None
+        self._last_good_t: float | None = None
+        self._last_good_temp: float | None = None
+        self._error_since: float | None = None
+        self._good_run = 0
+        self._blind_reason = ""
+        self._last_energy: tuple[float, float] | None = None
+        self._frozen = FrozenDetector(FrozenSettings(
+            c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
+            c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
+        self._check = FrozenCheck(True)
+        self._hot_since: float | None = None
+        self._jump_run: list[float] = []
+        self.sensor_errors = 0
+        """Samples rejected so far (missing, implausible or stuck)."""
+        self.last_decision = Decision(0.0, 1.0, None, GovernorState.COOL, "start", None, None, None)
+        """The most recent :class:`Decision`."""
+
+    # ------------------------------------------------------------------ public
+    @property
+    def state(self) -> GovernorState:
+        """The current :class:`GovernorState`."""
+        return self._state
+
+    @property
+    def duty(self) -> float:
+        """The duty returned by the last update."""
+        return self._duty
+
+    @property
+    def integral_w(self) -> float | None:
+        """The PI integrator, W (the learned sustainable budget); None before first activation."""
+        return self._integral
+
+    def update(
+        self,
+        now_s: float,
+        temp_c: float | None,
+        power_w: float | None = None,
+        busy: float | None = None,
+        *,
+        energy_j: float | None = None,
+        error: str | None = None,
+    ) -> float:
+        """Feed one sample and return the duty for the next period.
+
+        Args:
+            now_s: Monotonic time of the sample, s. Calls come about once per second.
+            temp_c: GPU temperature reading, °C; None when the read failed.
+            power_w: Measured average power over the last period, W, if known.
+            busy: Fraction of the last period the engine actually computed, if known.
+            energy_j: Cumulative energy counter, J; its delta gives exact average power.
+            error: Error kind of a failed read (``"lost"``/``"reset_required"`` stop at once;
+                anything else counts as a read error).
+
+        Returns:
+            The duty in [0, 1]: 0 only when STOPPED or in EMERGENCY, else in [min_duty, 1].
+        """
+        c = self.config
+        dt = c.period_s if self._last_t is None else min(max(now_s - self._last_t, 0.0), 3.0 * c.period_s)
+        self._last_t = now_s
+        if self._state is GovernorState.STOPPED or (error is not None and error in _ERROR_KINDS_LOST):
+            return self._decide(now_s, 0.0, None, GovernorState.STOPPED, f"gpu {error or 'lost'}", None, None)
+
+        power = self._power(now_s, power_w, energy_j, busy)
+        if busy is not None and (power_w is not None or energy_j is not None):
+            self._learn_model(power, busy)
+        temp, why = self._validate(now_s, temp_c, error)
+        if temp is not None:
+            used = self._duty if busy is None else busy
+            normal = self._state in (GovernorState.COOL, GovernorState.REGULATING, GovernorState.THROTTLING)
+            self._check = self._frozen.check(now_s, temp, power, used, normal)
+            if not self._check.ok:
+                self._blind_reason = self._check.reason
+                temp, why = None, "stuck"
+        else:
+            self._frozen.reset()
+            self._check = FrozenCheck(True)
+        if temp is None:
+            return self._on_bad_sample(now_s, why, power)
+        return self._on_good_sample(now_s, temp, power, busy, dt)
+
+    # ------------------------------------------------------------- sampling
+    def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:
+        c = self.config
+        power: float | None = None
+        if energy_j is not None and math.isfinite(energy_j):
+            if self._last_energy is not None:
+                t0, e0 = self._last_energy
+                if now_s > t0 and energy_j >= e0:
+                    power = (energy_j - e0) / (now_s - t0)
+            self._last_energy = (now_s, energy_j)
+        if power is None and power_w is not None and math.isfinite(power_w) and power_w >= 0:
+            power = power_w
+        if power is None:
+            used = self._duty if busy is None else busy
+            power = c.p_idle_w + max(0.0, min(used, 1.0)) * self._w_per_duty
+        return power
+
+    def _learn_model(self, power: float, busy: float) -> None:
+        if busy >= 0.3:
+            sample = (power - self.config.p_idle_w) / busy
+            if sample > 0.1 * self.config.p_max_w:
+                self._w_per_duty += 0.05 * (sample - self._w_per_duty)
+
+    def _validate(self, now_s: float, temp_c: float | None, error: str | None) -> tuple[float | None, str]:
+        c = self.config
+        if temp_c is None or error is not None:
+            return None, error or "read_error"
+        if not math.isfinite(temp_c) or not c.plausible_min_c <= temp_c <= c.plausible_max_c:
+            return None, "implausible value"
+        if self._last_good_temp is not None and abs(temp_c - self._last_good_temp) > c.max_jump_c_per_s * c.period_s:
+            # A jump is believed only once recover_samples readings in a row agree with each other
+            # (after a long outage the die may really have moved); until then it is an error.
+            prev = self._jump_run[-1] if self._jump_run else None
+            if prev is None or abs(temp_c - prev) > c.max_jump_c_per_s * c.period_s:
+                self._jump_run = []
+            self._jump_run.append(float(temp_c))
+            if len(self._jump_run) < c.recover_samples:
+                return None, "implausible jump"
+        self._jump_run = []
+        return float(temp_c), ""
+
+    # ------------------------------------------------------------- decisions
+    def _on_bad_sample(self, now_s: float, why: str, power: float) -> float:
+        c = self.config
+        self.sensor_errors += 1
+        self._good_run = 0
+        if self._error_since is None:
+            self._error_since = now_s
+        self._hot_since = None
+        if why == "stuck":
+            return self._decide(now_s, min(c.blind_duty, self._duty) if self._state is GovernorState.BLIND
+                                else c.blind_duty, None, GovernorState.BLIND, self._blind_reason, None, power)
+        if self._state is not GovernorState.BLIND and now_s - self._error_since < c.hold_s:
+            held = self._duty if self._state is not GovernorState.EMERGENCY else 0.0
+            return self._decide(now_s, held, None, GovernorState.HOLDING, f"{why}: hold", None, power)
+        return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND, f"{why}: blind", None, power)
+
+    def _on_good_sample(self, now_s: float, temp: float, power: float, busy: float | None, dt: float) -> float:
+        c = self.config
+        self._last_good_t = now_s
+        self._last_good_temp = temp
+        headroom = min(max((c.limit_c - temp) / (c.limit_c - c.switch_on_c), 0.0), 1.0)
+        if self._state in (GovernorState.BLIND, GovernorState.HOLDING):
+            self._good_run += 1
+            if self._state is GovernorState.BLIND and self._good_run < c.recover_samples:
+                return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND,
+                                    f"recovering {self._good_run}/{c.recover_samples}", headroom, power, temp)
+        self._error_since = None
+        if self._emergency(now_s, temp):
+            return self._decide(now_s, 0.0, None, GovernorState.EMERGENCY, "emergency pause", headroom,
+                                power, temp)
+        if temp < c.switch_on_c:
+            cap = self._check.probe_cap
+            if cap is not None and cap < 1.0:
+                return self._decide(now_s, max(cap, c.min_duty), None, GovernorState.COOL, "stuck probe", headroom,
+                                    power, temp)
+            return self._decide(now_s, 1.0, None, GovernorState.COOL, "cool", headroom, power, temp)
+        return self._pi(now_s, temp, power, busy, dt, headroom)
+
+    def _emergency(self, now_s: float, temp: float) -> bool:
+        c = self.config
+        if self._state is GovernorState.EMERGENCY:
+            if temp <= c.setpoint_c:
+                self._hot_since = None
+                return False
+            return True
+        if temp >= c.emergency_c and self._duty <= c.min_duty + 1e-9:
+            if self._hot_since is None:
+                self._hot_since = now_s
+            return now_s - self._hot_since >= c.emergency_s
+        self._hot_since = None
+        return False
+
+    def _pi(self, now_s: float, temp: float, power: float, busy: float | None, dt: float,
+            headroom: float) -> float:
+        """Run the PI law in the power domain and convert the budget to duty.
+
+        NOTE: the integrator only moves up while the batcher used its allowance (``busy``) and the
+        output is not saturated at 1; it only moves down while the output is above its floor. It is
+        never reset, so the learned sustainable budget survives idle hours and blind periods.
+        """
+        c = self.config
+        w = self._w_per_duty
+        p_lo = c.p_idle_w + c.min_duty * w
+        p_hi = c.p_idle_w + w
+        temp = temp + self._frozen.unseen_rise()
+        e = c.setpoint_c - temp
+        # Gains are set for the nameplate card; scale them with the learned watts per duty so the
+        # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).
+        kp = (c.kp_cool_w_per_c if e >= 0 else c.kp_hot_w_per_c) * w / (c.p_max_w - c.p_idle_w)
+        if self._integral is None:  # bumpless start at the measured power
+            used = 1.0 if busy is None else busy
+            base = power if used >= 0.5 else c.p_idle_w + c.blind_duty * w
+            self._integral = min(max(base - kp * e, p_lo), p_hi)
+        di = kp / c.ti_s * e * dt
+        saturated_hi = self._duty >= 1.0 - 1e-9
+        used_allowance = busy is None or busy >= self._duty - c.busy_slack
+        may_raise = used_allowance and not saturated_hi and self._check.may_raise
+        if di > 0 and may_raise or di < 0 and self._duty > c.min_duty + 1e-9:
+            self._integral = min(max(self._integral + di, p_lo), p_hi)
+        budget = self._integral + kp * e
+        reason = "pi"
+        if temp >= c.guard_c:
+            cap = c.guard_factor * power
+            if budget > cap:
+                budget = cap
+                reason = "guard"
+        duty = min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0)
+        if self._check.probe_cap is not None and duty > self._check.probe_cap:
+            duty = max(self._check.probe_cap, c.min_duty)
+            reason = "stuck probe"
+        state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
+        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp)
+
+    def _decide(self, now_s: float, duty: float, budget: float | None, state: GovernorState, reason: str,
+                headroom: float | None, power: float | None, temp: float | None = None) -> float:
+        self._duty = duty
+        self._state = state
+        self.last_decision = Decision(now_s, duty, budget, state, reason, headroom, temp, power)
+        return duty

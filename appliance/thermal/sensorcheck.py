@@ -1,0 +1,255 @@
+"""The frozen-sensor detector: is an unchanging reading still alive? Pure: samples in, verdict out.
+
+A reading that freezes at a plausible value is the one sensor fault that looks like good news, and no
+passive test can catch every case: under steady power in a slowly warming room, a frozen reading and a
+live one at equilibrium give the governor exactly the same samples. So the detector asks the plant
+(``docs/thermal.md``, "Frozen sensor"):
+
+1. **Model path.** A first-order model of the die over its heatsink, driven by the measured power
+   (``dT/dt = (R_jh·P − T)/τ_die``, R_jh and τ_die from commissioning, defaults on the cautious side), runs
+   all the time; its change since the reading last changed is what the reading should have shown. Only the
+   fast die node is modelled: the slow heatsink adds to the real change in the same direction, so leaving it
+   out errs towards fewer false positives, and a model running through transients (not one anchored at the
+   last change) does not mistake a settling die for a moving one. When that change is a rise of at least
+   ``stuck_expect_c`` and the reading still has not moved ``sensor_delay_s`` later, the sensor is stuck. A load
+   step under a frozen reading is caught in seconds. A fall is only judged during a probe (below), against
+   the larger ``probe_expect_c``: outside one, a frozen reading while power falls errs on the safe side, and a
+   warming heatsink or room can hold a live die still while the power eases off.
+2. **Probe path.** When the reading has not changed for longer than its own recent history makes plausible
+   (three times the longest of its last 8 unchanged runs, at least ``min_probe_after_s`` or, when the
+   reading was climbing, ``climb_probe_after_s``, at most
+   ``probe_after_s``; a noisy or warming sensor changes every few seconds, a clean settled one may sit still
+   for minutes; each live answer doubles the next wait) while the GPU is busy, the detector asks for a duty
+   probe: a ramp down
+   of ``probe_rate`` of the busy fraction per second. It ends at the first reading change (a live sensor; on
+   average half a degree of dip), or when the model path (above) declares the sensor stuck.
+   ``probe_after_s`` bounds the drift the governor can miss between probes: at the worst rated room drift
+   (4 °C/h) 240 s is 0.27 °C.
+3. **Hold.** While the reading is unchanged for longer than twice that recent run (between
+   ``min_hold_s`` and ``frozen_hold_s``), the governor may not raise its budget: a live die answers a higher
+   budget within seconds, so an unchanged reading gives no licence to raise it further. This bounds what a
+   frozen reading below the setpoint can do before 1 or 2 fire.
+
+4. **Unseen rise.** With the heatsink's commissioned rise and time constant, a second (slow) node joins the
+   model; while the reading is unchanged, the governor regulates on the reading plus the model's rise since
+   the last change beyond half a degree (:meth:`FrozenDetector.unseen_rise`). A reading that freezes while a
+   busy die is still warming is then throttled on the model until 1 or 2 declare it stuck.
+
+A false positive costs throughput (the commissioned blind duty until the reading moves and
+``recover_samples`` good samples pass), never safety.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["FrozenCheck", "FrozenDetector", "FrozenSettings"]
+
+
+@dataclass(frozen=True)
+class FrozenSettings:
+    """What the detector needs to know about the plant (commissioning measures the first three)."""
+
+    # Die rise over the heatsink at nameplate power, °C (P_max · R_jh).
+    die_rise_c: float
+    # Nameplate dynamic power (P_max − P_idle), W: with die_rise_c gives R_jh.
+    p_max_w: float
+    # Die time constant R_jh · C_j, s.
+    die_tau_s: float
+    # Longest sensor delay to allow for, s.
+    sensor_delay_s: float
+    # Expected change that a live reading must show, °C (>= 1 crosses an integer step for sure).
+    stuck_expect_c: float
+    # Expected fall during a probe that a live reading must show, °C.
+    probe_expect_c: float
+    # Unchanged reading this long (while busy near the setpoint) starts a probe, s.
+    probe_after_s: float
+    # Probe ramp: fraction of the busy fraction removed per second.
+    probe_rate: float
+    # Largest probe cut, fraction of the busy fraction.
+    probe_max_cut: float
+    # No budget increase while the reading is unchanged for longer than this, s.
+    frozen_hold_s: float
+    # Heatsink rise over the room at nameplate power, °C (P_max · R_ha); 0 leaves the slow node out.
+    sink_rise_c: float = 0.0
+    # Heatsink time constant, s.
+    sink_tau_s: float = 60.0
+    # Shortest unchanged run that may start a probe, s (a noisy sensor's history shortens the wait to this).
+    # Probes dip a live die: at 60 s the nominal plant with a 3 s delay reached 1.8 °C peak-to-peak over 24 h.
+    min_probe_after_s: float = 120.0
+    # The same when the reading climbed 3 °C or more in the minute before it stalled (a warming die), s.
+    climb_probe_after_s: float = 20.0
+    # Shortest unchanged run after which the budget may not rise, s.
+    min_hold_s: float = 8.0
+
+
+@dataclass(frozen=True)
+class FrozenCheck:
+    """The detector's verdict on one sample."""
+
+    # False when the sensor is judged stuck (the sample must not be used).
+    ok: bool
+    # Why it is stuck ('' when ok).
+    reason: str = ""
+    # During a probe: the busy fraction the duty must not exceed; None otherwise.
+    probe_cap: float | None = None
+    # Whether the governor may raise its budget on this sample.
+    may_raise: bool = True
+
+
+class FrozenDetector:
+    """Tracks one reading stream; call :meth:`check` once per valid sample, :meth:`reset` after a gap."""
+
+    UNSEEN_SLACK_C = 0.5
+
+    def __init__(self, settings: FrozenSettings) -> None:
+        self.s = settings
+        self._value: float | None = None
+        self._changed_t = 0.0
+        self._model: float | None = None
+        self._warm_until = 0.0
+        self._model_ref = 0.0
+        self._sink: float | None = None
+        self._total_ref = 0.0
+        self._expect_since: float | None = None
+        self._last_t: float | None = None
+        self._stuck_value: float | None = None
+        self._probe_t: float | None = None
+        self._probe_busy = 0.0
+        self._runs: deque[float] = deque(maxlen=64)
+        self._changes: deque[tuple[float, float]] = deque(maxlen=64)
+        self._after_probe = False
+        self._probe_ref = 0.0
+        self._backoff = 1.0
+        self.probes = 0
+        """Probes started so far."""
+
+    @property
+    def stuck(self) -> bool:
+        """Whether the sensor is judged stuck now."""
+        return self._stuck_value is not None
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe is running."""
+        return self._probe_t is not None
+
+    def reset(self) -> None:
+        """Forget the reference (after a read error or blind period); a stuck verdict is kept."""
+        self._value = None
+        self._probe_t = None
+        self._last_t = None
+        self._model = None
+        self._sink = None
+
+    def _typical_run_s(self) -> float | None:
+        """The longest of the last 8 unchanged runs (None until 8 are known): recent, so that a reading that
+        was moving every few seconds (a warming die) and then stops is suspect quickly."""
+        if len(self._runs) < 8:
+            return None
+        return max(list(self._runs)[-8:])
+
+    def _climbed_c(self, span_s: float = 60.0) -> float:
+        """How far the reading rose over the ``span_s`` before its last change, °C."""
+        if not self._changes:
+            return 0.0
+        t_last, v_last = self._changes[-1]
+        older = [v for t, v in self._changes if t_last - t <= span_s]
+        return v_last - min(older)
+
+    def _mark(self, now: float, temp: float, power: float, natural: bool = False) -> None:
+        # runs that a probe cut short, and the one right after (the reading bouncing back), say nothing
+        # about the sensor's own flicker; a live answer to a probe doubles the wait for the next one
+        if self._probe_t is not None:
+            self._backoff = min(self._backoff * 2.0, 64.0)
+        elif natural and not self._after_probe:
+            self._runs.append(now - self._changed_t)
+            self._backoff = 1.0
+            self._changes.append((now, temp))
+        self._after_probe = self._probe_t is not None
+        self._value = temp
+        self._changed_t = now
+        self._model_ref = self._model if self._model is not None else 0.0
+        self._total_ref = self._model_ref + (self._sink or 0.0)
+        self._expect_since = None
+        self._probe_t = None
+
+    def unseen_rise(self) -> float:
+        """How far the two-node model (die and heatsink) says the die has risen since the reading last
+        changed, beyond one quantisation step, °C (>= 0). The governor adds it to the reading it regulates
+        on, so a reading that stalls while the model says the die keeps warming is not believed blindly."""
+        if self._model is None or self._sink is None or self._value is None:
+            return 0.0
+        return max(self._model + self._sink - self._total_ref - self.UNSEEN_SLACK_C, 0.0)
+
+    def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool) -> FrozenCheck:
+        """Judge one plausible sample.
+
+        Args:
+            now: Sample time, s.
+            temp: The reading, °C.
+            power: Average power over the last period, W.
+            busy: Busy fraction the batcher used over the last period.
+            can_probe: Whether the governor is in normal operation (cool, regulating or throttling).
+        """
+        s = self.s
+        dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
+        self._last_t = now
+        target = s.die_rise_c / s.p_max_w * power
+        sink_target = s.sink_rise_c / s.p_max_w * power
+        if self._model is None:  # (re)start: the model needs a few time constants before it is trusted
+            self._model = target
+            self._sink = sink_target
+            self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
+        assert self._sink is not None
+        self._model += (target - self._model) * min(dt / s.die_tau_s, 1.0)
+        self._sink += (sink_target - self._sink) * min(dt / s.sink_tau_s, 1.0)
+        if self._stuck_value is not None:
+            if temp == self._stuck_value:
+                return FrozenCheck(False, "stuck: reading frozen")
+            self._stuck_value = None
+            self._mark(now, temp, power)
+            return FrozenCheck(True)
+        if self._value is None or temp != self._value or now < self._warm_until:
+            self._mark(now, temp, power, self._value is not None and temp != self._value)
+            return FrozenCheck(True)
+        expect = self._model - self._model_ref
+        # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
+        # and a slowly warming heatsink or room can hold a live die still while the power eases off.
+        # a probe is judged on its own effect: the fall the model expects since the probe began
+        probe_fall = self._model - self._probe_ref if self._probe_t is not None else 0.0
+        if expect >= s.stuck_expect_c or probe_fall <= -s.probe_expect_c:
+            if self._expect_since is None:
+                self._expect_since = now
+            if now - self._expect_since >= s.sensor_delay_s:
+                why = "probe changed nothing" if self._probe_t is not None else "power rose, reading did not"
+                self._stuck_value = temp
+                self._probe_t = None
+                shown = probe_fall if self._probe_t is not None else expect
+                return FrozenCheck(False, f"stuck: {why} ({shown:+.1f} °C expected)")
+        else:
+            self._expect_since = None
+        frozen_s = now - self._changed_t
+        typical = self._typical_run_s()
+        hold_s, probe_after_s = s.frozen_hold_s, s.probe_after_s
+        if typical is not None:
+            hold_s = min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s)
+            # a reading that was climbing and stops is more suspect than one that dithered
+            climbing = self._climbed_c() >= 3.0
+            floor = s.climb_probe_after_s if climbing else s.min_probe_after_s
+            probe_after_s = min(max(3.0 * typical * self._backoff, floor), s.probe_after_s)
+        may_raise = frozen_s < hold_s
+        if self._probe_t is None:
+            if frozen_s >= probe_after_s and can_probe and busy >= 0.2:
+                self._probe_t = now
+                self._probe_busy = busy
+                self._probe_ref = self._model
+                self.probes += 1
+        if self._probe_t is not None:
+            cut = min(s.probe_rate * (now - self._probe_t + 1.0), s.probe_max_cut)
+            if cut >= s.probe_max_cut and now - self._probe_t > s.probe_max_cut / s.probe_rate + 4 * s.die_tau_s:
+                self._mark(now, temp, power)  # inconclusive (the power did not follow): re-arm
+                return FrozenCheck(True, may_raise=False)
+            return FrozenCheck(True, probe_cap=self._probe_busy * (1.0 - cut), may_raise=False)
+        return FrozenCheck(True, may_raise=may_raise)

@@ -1,0 +1,101 @@
+"""The frozen-sensor detector alone (pure), then inside the governor on the simulated plant."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.thermal.governor import Governor, GovernorState, ThermalConfig
+from appliance.thermal.plant import PRESETS, Fault, SensorParams
+from appliance.thermal.sensorcheck import FrozenDetector, FrozenSettings
+from appliance.thermal.sim import Profile, run_profile
+
+SETTINGS = FrozenSettings(die_rise_c=12.0, p_max_w=545.0, die_tau_s=4.0, sensor_delay_s=3.0, stuck_expect_c=1.2,
+                          probe_expect_c=2.0,
+                          probe_after_s=240.0, probe_rate=0.02, probe_max_cut=0.4, frozen_hold_s=20.0)
+
+
+def test_load_step_under_a_frozen_reading_is_caught_within_seconds() -> None:
+    det = FrozenDetector(SETTINGS)
+    for t in range(60):  # idle and cool, reading flickers so the model is warm
+        assert det.check(float(t), 45.0 + (t % 2), 40.0, 0.05, False).ok
+    verdicts = [det.check(60.0 + t, 45.0, 560.0, 1.0, False) for t in range(15)]
+    first = next(i for i, v in enumerate(verdicts) if not v.ok)
+    assert first <= 8 and verdicts[first].reason.startswith("stuck: power rose")
+    assert not det.check(80.0, 45.0, 560.0, 1.0, False).ok  # stays stuck while the value is the same
+    assert det.check(81.0, 46.0, 560.0, 1.0, False).ok and not det.stuck  # a new value is trusted again
+
+
+def test_a_live_reading_that_follows_the_power_is_never_stuck() -> None:
+    det = FrozenDetector(SETTINGS)
+    temp, power = 50.0, 40.0
+    for t in range(3600):
+        power = 560.0 if (t // 300) % 2 else 40.0  # 5-minute load steps
+        target = 40.0 + 12.0 * power / 545.0 + 20.0 * power / 545.0
+        temp += (target - temp) / 20.0
+        assert det.check(float(t), float(int(temp)), power, 1.0 if power > 100 else 0.05, True).ok
+
+
+def test_steady_reading_at_steady_power_probes_and_costs_little() -> None:
+    det = FrozenDetector(SETTINGS)
+    caps = []
+    for t in range(1800):
+        v = det.check(float(t), 72.0, 400.0, 0.7, True)
+        assert v.ok
+        caps.append(v.probe_cap)
+        if v.probe_cap is not None and v.probe_cap < 0.7 * 0.95:  # a live die answers a 5 % cut: new value
+            assert det.check(float(t) + 0.5, 71.0, 380.0, 0.66, True).ok
+            det.check(float(t) + 0.6, 72.0, 400.0, 0.7, True)
+    assert det.probes >= 6  # every ~240 s of unchanged reading
+    probing = [c for c in caps if c is not None]
+    assert probing and min(probing) >= 0.7 * 0.9 and len(probing) / len(caps) < 0.05
+
+
+def test_probe_on_a_frozen_sensor_declares_it_stuck() -> None:
+    det = FrozenDetector(SETTINGS)
+    verdict = None
+    busy = 0.7
+    for t in range(400):
+        v = det.check(float(t), 72.0, 30.0 + (400.0 - 30.0) * busy / 0.7, busy, True)  # power follows the duty
+        if not v.ok:
+            verdict = (t, v.reason)
+            break
+        busy = 0.7 if v.probe_cap is None else v.probe_cap
+    assert verdict is not None and 240 <= verdict[0] <= 280 and "probe changed nothing" in verdict[1]
+
+
+def test_no_raise_while_the_reading_is_unchanged() -> None:
+    det = FrozenDetector(SETTINGS)
+    assert det.check(0.0, 70.0, 300.0, 0.6, True).may_raise
+    for t in range(1, 40):
+        v = det.check(float(t), 70.0, 300.0, 0.6, True)
+    assert not v.may_raise
+    assert det.check(40.0, 71.0, 300.0, 0.6, True).may_raise
+
+
+def test_demand_limited_steady_reading_never_false_triggers() -> None:
+    gov = Governor()
+    for t in range(1800):  # 30 min constant reading at constant low power: probes cannot cut power
+        gov.update(float(t), 66.0, 150.0, 0.2)
+    assert gov.state is not GovernorState.BLIND and gov.sensor_errors == 0
+
+
+def _warming_room(value: float | None, hours: float = 2.0, room: float = 32.0) -> tuple[Profile, int]:
+    n = int(hours * 3600)
+    onset = 1800
+    ambient = [room + max(0, i - onset) * 4.0 / 3600.0 for i in range(n)]  # +4 °C/h after onset
+    return Profile([1.0] * n, ambient, [1.0] * n, [Fault("stuck", onset, n, value=value)]), onset
+
+
+@pytest.mark.parametrize("value", [None, 71.0, 72.0, 73.0, 74.0])
+@pytest.mark.parametrize("sensor", [SensorParams(1.0, "round", 0.0), SensorParams(3.0, "floor", 0.25)])
+def test_frozen_plausible_reading_in_a_warming_room_stays_below_the_wall(value: float | None,
+                                                                         sensor: SensorParams) -> None:
+    """Issue #10: frozen near the setpoint under steady load while the room warms 4 °C/h."""
+    prof, onset = _warming_room(value)
+    res = run_profile(prof, PRESETS["5090"], sensor, ThermalConfig(blind_duty=0.45))
+    assert res.seconds_above == 0.0 and res.max_die_c < 75.0
+    if value is not None and value >= 73.0:  # above the setpoint: the loop backs off by itself
+        assert max(res.duty[onset + 600:]) < res.duty[onset - 1]
+        return
+    detected = next(i for i in range(onset, len(res.state)) if res.state[i] is GovernorState.BLIND)
+    assert detected - onset <= 300 and res.reason[detected].startswith("stuck")

@@ -1,0 +1,88 @@
+"""The control loop's states (from the governor's enum) and what it tells the health module."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.clock import ManualClock
+from appliance.thermal.commissioning import governor_settings, setpoint_for_delay
+from appliance.thermal.control import HealthAction, ThermalController, ThermalStatus, health_action
+from appliance.thermal.fake_pynvml import FakePynvml
+from appliance.thermal.governor import GovernorState, ThermalConfig
+from appliance.thermal.nvml import NvmlThermometer
+from appliance.thermal.plant import Fault, SensorParams
+from appliance.thermal.simulated import SimulatedThermometer
+from appliance.thermal.source import NoThermometer
+
+
+def snap(state: GovernorState, reason: str = "r") -> ThermalStatus:
+    return ThermalStatus(True, 70.0, 0.5, state.name, 0.0, 0, None, reason, governor_state=state)
+
+
+@pytest.mark.parametrize(("state", "action"), [
+    (GovernorState.DISABLED, HealthAction.SERVE), (GovernorState.COOL, HealthAction.SERVE),
+    (GovernorState.REGULATING, HealthAction.SERVE), (GovernorState.THROTTLING, HealthAction.SERVE),
+    (GovernorState.HOLDING, HealthAction.SERVE), (GovernorState.BLIND, HealthAction.SERVE_DEGRADED),
+    (GovernorState.EMERGENCY, HealthAction.PAUSE), (GovernorState.STOPPED, HealthAction.STOP),
+])
+def test_health_action_per_state(state: GovernorState, action: HealthAction) -> None:
+    got, reason = health_action(snap(state, "stuck: reading frozen"))
+    assert got is action and reason == f"thermal {state.name.lower()}: stuck: reading frozen"
+
+
+def test_every_state_has_an_action() -> None:
+    assert {health_action(snap(s))[0] for s in GovernorState} == set(HealthAction)
+
+
+def test_snapshot_state_is_the_enum_and_its_name() -> None:
+    clock = ManualClock()
+    used = [1.0]  # full demand: the batcher uses the whole allowance of the previous period
+    ctl = ThermalController(SimulatedThermometer(clock, faults=[Fault("stuck", 100.0, 400.0)],
+                                                 sensor=SensorParams(1.0, "floor", 0.0)),
+                            clock=clock, busy_source=lambda: used[-1])
+    seen = set()
+    for _ in range(400):
+        used.append(ctl.tick())
+        s = ctl.snapshot()
+        assert s.state == s.governor_state.name and ctl.governor_state is s.governor_state
+        seen.add(s.governor_state)
+        clock.advance(1.0)
+    assert GovernorState.BLIND in seen  # frozen while the die was still warming up: the probe catches it
+    assert ctl.thermometer.plant.max_tj < 75.0
+    assert health_action(ctl.snapshot())[0] in (HealthAction.SERVE, HealthAction.SERVE_DEGRADED)
+
+
+def test_lost_gpu_through_nvml_stops() -> None:
+    nv = FakePynvml(temperature=65)
+    ctl = ThermalController(NvmlThermometer(nvml=nv), clock=ManualClock(), busy_source=lambda: 1.0)
+    ctl.tick()
+    nv.fail["nvmlDeviceGetTemperatureV"] = nv.NVML_ERROR_GPU_IS_LOST
+    ctl.tick()
+    assert ctl.governor_state is GovernorState.STOPPED and not ctl.serving and ctl.duty == 0.0
+    assert health_action(ctl.snapshot())[0] is HealthAction.STOP
+
+
+def test_missing_sensor_states() -> None:
+    assert ThermalController(NoThermometer(), clock=ManualClock()).governor_state is GovernorState.DISABLED
+    blind = ThermalController(NoThermometer("NVML broken"), clock=ManualClock(), require_sensor=True)
+    assert blind.governor_state is GovernorState.BLIND and health_action(blind.snapshot())[0] is (
+        HealthAction.SERVE_DEGRADED)
+
+
+def test_setpoint_for_delay() -> None:
+    assert setpoint_for_delay(0.5) == setpoint_for_delay(3.0) == 72.5
+    assert setpoint_for_delay(4.0) == 72.0
+    with pytest.raises(ValueError, match="delay"):
+        setpoint_for_delay(-1.0)
+    cfg = ThermalConfig(setpoint_c=setpoint_for_delay(3.0))
+    assert cfg.setpoint_c < cfg.guard_c
+
+
+def test_governor_settings_from_a_step_response() -> None:
+    out = governor_settings({"ok": True, "tau_s": 3.7, "dead_time_s": 1.0, "r_jh_k_per_w": 0.025}, 545.0)
+    assert out == {"die_tau_s": 4.0, "sensor_delay_s": 1.5, "setpoint_c": 72.5, "die_rise_c": 8.17}
+    ThermalConfig(**out)  # they are valid [thermal.governor] keys
+    assert governor_settings({"ok": False}) == {}
+    blind = {"ok": True, "r_total_k_per_w": 0.09}
+    out = governor_settings({"ok": True, "tau_s": 3.7, "dead_time_s": 1.0, "r_jh_k_per_w": 0.025}, 545.0, blind)
+    assert out["sink_rise_c"] == pytest.approx(0.8 * 0.065 * 545.0, abs=0.01)

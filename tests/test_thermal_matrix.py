@@ -1,0 +1,114 @@
+"""The fault matrix on randomised plants (CI-sized here; the full matrix is marked slow), and the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from appliance.thermal import matrix as mx
+from appliance.thermal.plant import PLANT_RANGES, PRESETS, SENSOR_RANGES, random_plant, random_sensor, steady_die_c
+from appliance.thermal.simcli import main
+
+
+def test_random_plants_stay_within_their_documented_ranges() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        p = random_plant(rng)
+        s = random_sensor(rng)
+        lo, hi = PLANT_RANGES["p_max_w"]
+        assert lo <= p.p_max_w <= hi
+        lo, hi = PLANT_RANGES["die_rise_c"]
+        assert lo - 1e-6 <= p.r_jh * p.p_max_w <= hi + 1e-6
+        lo, hi = PLANT_RANGES["tau_die_s"]
+        assert lo - 1e-6 <= p.r_jh * p.c_j <= hi + 1e-6
+        assert SENSOR_RANGES["delay_s"][0] - 0.01 <= s.delay_s <= SENSOR_RANGES["delay_s"][1] + 0.01
+        assert s.quantize in ("floor", "round") and 0.0 <= s.noise_c <= 0.5
+        assert 60.0 < steady_die_c(p, 1.0, 25.0) < 90.0
+    assert matrix_names(3) == matrix_names(3)  # reproducible by seed
+
+
+def matrix_names(n: int) -> list[tuple[str, float]]:
+    return [(r.plant.name, r.plant.p_max_w) for r in mx.matrix_plants(n, seed=11)]
+
+
+def test_blind_duty_is_safe_in_the_rated_worst_room() -> None:
+    for row in mx.matrix_plants(4, seed=5):
+        assert steady_die_c(row.plant, row.blind_duty, row.room_c + 9.0, 0.8) <= 72.0
+
+
+@pytest.fixture(scope="module")
+def ci_cells() -> list[mx.Cell]:
+    # the two named plants that failed before, and two random ones; 1.5 h profiles
+    return mx.run_matrix(mx.matrix_plants(2, seed=23), mx.FAULTS, hours=1.5, seed=2)
+
+
+def test_ci_matrix_never_crosses_the_wall(ci_cells: list[mx.Cell]) -> None:
+    assert len(ci_cells) == 4 * len(mx.FAULTS)
+    for c in ci_cells:
+        assert c.seconds_above == 0.0 and c.max_die_c < 75.0, c
+
+
+def test_ci_matrix_detects_every_fault_and_never_false_blinds(ci_cells: list[mx.Cell]) -> None:
+    for c in ci_cells:
+        assert c.false_blind_episodes == 0, c
+        if c.fault not in ("none", "flaky"):
+            assert c.detection_s is not None, c
+        if c.fault == "stuck_onset":
+            assert c.detection_s <= 10, c  # the load step under a frozen reading
+        if c.fault == "stuck_plausible":
+            assert c.detection_s <= 300, c
+        if c.fault == "lost":
+            assert c.detection_s == 0.0 and c.passed, c
+
+
+def test_ci_matrix_tracking_on_healthy_and_flaky_sensors(ci_cells: list[mx.Cell]) -> None:
+    for c in ci_cells:
+        if c.fault in ("none", "flaky"):
+            assert c.peak_to_peak_c is None or c.peak_to_peak_c <= 1.5, c
+            if c.plant in ("heavy600", "compact420"):  # the two plants the issue named
+                assert c.ratio_ideal >= 0.90, c
+            else:
+                # measured floor over 30 random plants is 0.886 (round-quantised sensors in hot rooms,
+                # docs/thermal.md); a CI-sized run only guards against regressions below it
+                assert c.ratio_ideal >= 0.88, c
+
+
+def test_named_plants_reproduce_the_issue_s_cards() -> None:
+    heavy, compact = mx.matrix_plants(0)
+    assert heavy.plant.p_max_w == 600.0 and heavy.sensor.delay_s == 2.5
+    assert heavy.plant.c_h == pytest.approx(PRESETS["5090"].c_h * 2.5)
+    assert compact.plant.p_max_w == 420.0 and compact.sensor == mx.SensorParams(3.0, "floor", 0.25)
+
+
+def test_cli_matrix_writes_json_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    js, png = tmp_path / "m.json", tmp_path / "m.png"
+    rc = main(["--matrix", "--plants", "1", "--hours", "1", "--faults", "none,stuck_plausible,lost",
+               "--json", str(js), "--plot", str(png)])
+    out = capsys.readouterr().out
+    doc = json.loads(js.read_text())
+    assert doc["command"].startswith("appliance thermal-sim --matrix")
+    assert len(doc["cells"]) == 3 * 3 and len(doc["plants"]) == 3
+    assert {"seconds_above", "ratio_ideal", "peak_to_peak_c", "detection_s", "false_blind_episodes"} <= set(
+        doc["cells"][0])
+    assert doc["summary"]["max_seconds_above"] == 0.0
+    assert png.stat().st_size > 5000
+    assert ("PASS" in out) == (rc == 0)
+
+
+def test_cli_matrix_rejects_unknown_fault(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--matrix", "--faults", "none,melted"]) == 2
+    assert "melted" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_full_matrix_30_random_plants() -> None:
+    cells = mx.run_matrix(mx.matrix_plants(30), mx.FAULTS, hours=4.0)
+    summary = mx.summarize(cells)
+    assert summary["max_seconds_above"] == 0.0
+    assert summary["false_blind_episodes"] == 0
+    assert summary["min_ratio_ideal_healthy"] >= 0.88
+    assert all(c.detection_s is not None for c in cells if c.fault not in ("none", "flaky"))

@@ -353,10 +353,16 @@ class Batcher:
             pace_gap_s=self.pacer.gap(b),
             max_wait_s=self.config.max_wait_s,
             stopping=self._stopping,
+            coming=self._coming() if self.stage_lock is not None else 0,
         )
         if decision.launch is None:
             return None, decision.wait_s
         return [self._ready[i] for i in decision.launch], 0.0
+
+    def _coming(self) -> int:
+        """Frames admitted and not yet ready (waiting for or in a worker). Called under the lock."""
+        return sum(1 for r in self._requests for i in r.items
+                   if i.state in (ItemState.ADMITTED, ItemState.PREPROCESSING))
 
     def _loop(self) -> None:
         try:

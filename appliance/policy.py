@@ -11,6 +11,7 @@ No clock, no lock, no I/O: the batcher calls :func:`choose` under its lock, and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,6 +56,7 @@ def choose(
     pace_gap_s: float,
     max_wait_s: float,
     stopping: bool = False,
+    coming: int = 0,
 ) -> Decision:
     """Decide the next launch.
 
@@ -67,6 +69,8 @@ def choose(
         pace_gap_s: the pacer's steady-state gap between batches at the current duty.
         max_wait_s: how long the oldest ready frame may wait for partners when unthrottled.
         stopping: draining: launch whatever is ready.
+        coming: frames admitted but still being preprocessed that should join this batch (sequential mode,
+            where decoding and inference never overlap: wait for them, up to B, but not past a deadline).
     """
     if not ready:
         return Decision(None, 0.1)
@@ -78,10 +82,12 @@ def choose(
         return Decision(tuple(order[:batch_size]), 0.0)
     oldest = min(t_ready)
     max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
+    if coming > 0:
+        max_wait = math.inf
     deadlines = [r.deadline for r in ready if r.deadline is not None]
     if deadlines:  # never hold a frame past the point where its batch could still finish in time
         max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - oldest))
     waited = now - oldest
     if waited >= max_wait or stopping:
         return Decision(tuple(order), 0.0)
-    return Decision(None, max_wait - waited)
+    return Decision(None, min(max_wait - waited, 0.1) if coming > 0 else max_wait - waited)

@@ -47,7 +47,7 @@ soak: setup-dev
 thermal-sim: setup-dev
 	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)
 
-# Regenerate the committed gRPC stubs (tests/test_proto.py checks they are current).
+# Regenerate the committed gRPC stubs (tests/unit/test_proto.py checks they are current).
 proto: setup-dev
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		appliance/proto/v1/inference.proto

@@ -203,7 +203,7 @@ def _halving_matches_kernel() -> bool:
 
 # NOTE(preprocess): np.mean over the block axes costs ~2 ms for 512 -> 256, the largest step on the hot path;
 # four strided adds cost ~0.2 ms. They are used only if they reproduce the kernel bit for bit here (numpy's
-# reduction order is not an API), checked once at import and by tests/test_preprocess.py.
+# reduction order is not an API), checked once at import and by tests/unit/test_preprocess.py.
 _FAST_HALVING = _halving_matches_kernel()
 
 

@@ -6,7 +6,7 @@ non-success into :class:`CudaError` naming the call and the error (``cudaErrorIn
 (``cudaGetDeviceCount``), so "no driver", "no GPU" and "cuda-bindings missing" each get their own reason.
 
 Tests pass ``appliance.engines.fake_cudart`` wherever a ``cudart`` argument is taken; its functions have the
-real binding's signatures (tests/test_gpu_fakes_conformance.py checks them with :mod:`inspect`).
+real binding's signatures (tests/gpu/test_gpu_fakes_conformance.py checks them with :mod:`inspect`).
 """
 
 from __future__ import annotations

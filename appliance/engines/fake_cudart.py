@@ -1,7 +1,7 @@
 """A fake ``cuda.bindings.runtime``: the calls the TensorRT backend makes, with the real signatures.
 
 Each function has the real binding's name, parameters and return convention (a tuple whose first item is a
-:class:`cudaError_t`); tests/test_gpu_fakes_conformance.py compares them with the real module via
+:class:`cudaError_t`); tests/gpu/test_gpu_fakes_conformance.py compares them with the real module via
 :func:`inspect.signature`. Behaviour that the backend's logic depends on is modelled:
 
 * memory: ``cudaMalloc``/``cudaMallocHost`` return real addresses of host memory, so the backend's ctypes

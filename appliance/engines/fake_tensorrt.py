@@ -1,6 +1,6 @@
 """A fake ``tensorrt`` module: the names the TensorRT backend uses, with TensorRT 10's Python API shapes.
 
-tests/test_gpu_fakes_conformance.py checks that every public name here (and every ``trt.X`` the backend
+tests/gpu/test_gpu_fakes_conformance.py checks that every public name here (and every ``trt.X`` the backend
 uses) exists in the real ``tensorrt`` bindings, read from the wheel's shared library. Behaviour modelled:
 
 * ``OnnxParser.parse`` reads the graph (with ``onnx``: a dev dependency, imported only here) and fails like

@@ -4,7 +4,7 @@ Faithful by construction: its constants (``NVML_ERROR_*``, ``NVML_VALUE_TYPE_*``
 exceptions (``NVMLError(code)`` builds the real per-code subclass such as ``pynvml.NVMLError_GpuIsLost``) and
 its field values (the real ``c_nvmlFieldValue_t`` ctypes structure, with only the union member named by
 ``valueType`` written) are taken from the installed nvidia-ml-py, and every ``nvml*`` method has the real
-function's signature (tests/test_fake_pynvml.py compares them). Script it through attributes::
+function's signature (tests/unit/test_fake_pynvml.py compares them). Script it through attributes::
 
     nvml = FakePynvml(temperature=65)
     nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_TIMEOUT     # every call fails

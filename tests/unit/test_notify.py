@@ -221,7 +221,7 @@ def test_fake_socket_records_the_sending_process() -> None:
     """What NotifyAccess=main checks: a child's datagram carries the child's pid, not ours."""
     if not sys.platform.startswith("linux"):
         pytest.skip("SCM_CREDENTIALS is Linux-only")
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     with FakeNotifySocket() as fake:
         child = subprocess.run(
             [sys.executable, "-c", _CHILD],

@@ -22,7 +22,7 @@ from appliance.errors import BackendUnavailable, EngineError
 from appliance.manifest import Manifest, load_manifest
 from appliance.notify import RecordingNotifier
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 
 
 @pytest.fixture(scope="module")

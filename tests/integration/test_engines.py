@@ -33,7 +33,7 @@ from tests.engine_conformance import assert_conforms, reference_batch
 from tests.interop import venvs
 from tests.oip_support import LoopbackOip
 
-SERVER = Path(__file__).parent / "interop" / "pytriton_server.py"
+SERVER = Path(__file__).resolve().parents[1] / "interop" / "pytriton_server.py"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-UNIT = Path(__file__).resolve().parents[1] / "systemd" / "edge-appliance.service"
+UNIT = Path(__file__).resolve().parents[2] / "systemd" / "edge-appliance.service"
 MAX_EXPOSURE = 2.0
 
 pytestmark = [

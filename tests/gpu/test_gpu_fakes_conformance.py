@@ -23,7 +23,7 @@ from trt_names import names_in_wheel
 from appliance.engines import fake_cudart, fake_tensorrt
 from appliance.engines.cuda import probe_device
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BACKEND_FILES = [REPO / "appliance" / "engines" / "tensorrt.py", REPO / "appliance" / "engines" / "trt_build.py"]
 WHEEL_CACHE = Path(os.environ.get("APPLIANCE_TEST_CACHE", Path.home() / ".cache" / "edge-appliance-tests")) / "trt"
 

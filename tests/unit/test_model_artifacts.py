@@ -20,7 +20,7 @@ from appliance.modelbuild.data import InputParams, generate_pool
 from appliance.modelbuild.evaluate import auc, make_session, predict, sensitivity_at_specificity
 from appliance.modelbuild.quantize import inspect_int4
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def test_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
 
 
 def test_example_config_loads() -> None:
-    example = Path(__file__).resolve().parent.parent / "systemd" / "appliance.toml.example"
+    example = Path(__file__).resolve().parents[2] / "systemd" / "appliance.toml.example"
     cfg = load_config(example)
     assert cfg.server.grace_s > 0
 
@@ -72,7 +72,7 @@ def test_every_numeric_key_has_a_documented_range() -> None:
     from appliance.config import RANGES, Config
 
     cfg = Config()
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     for section in dataclasses.fields(cfg):
         for f in dataclasses.fields(getattr(cfg, section.name)):
             value = getattr(getattr(cfg, section.name), f.name)

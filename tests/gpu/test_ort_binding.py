@@ -11,7 +11,7 @@ import numpy as np
 from appliance.engines.onnxruntime import OrtCpuEngine, OrtCudaEngine, _OrtEngine
 from appliance.manifest import load_manifest
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 
 
 class _BoundOnCpu(OrtCudaEngine):

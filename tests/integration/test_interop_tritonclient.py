@@ -23,7 +23,7 @@ from tests.interop import venvs
 from tests.interop.daemon import appliance_serve
 from tests.oip_support import LoopbackOip
 
-SCRIPT = Path(__file__).parent / "interop" / "triton_client_check.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "interop" / "triton_client_check.py"
 PRE = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}
 
 

@@ -17,7 +17,7 @@ from appliance.modelbuild.evaluate import make_session, predict
 from appliance.modelbuild.precision import inspect_types
 from appliance.modelbuild.quantize import inspect_int4
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from appliance.engines.onnxruntime import OrtCudaEngine, check_distributions, pr
 from appliance.errors import BackendUnavailable, EngineError
 from appliance.manifest import load_manifest
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 GPU_WHEEL = any(True for _ in importlib.metadata.distributions(name="onnxruntime-gpu"))
 
 

@@ -18,7 +18,7 @@ from appliance.engines import BACKENDS, _load_class
 from appliance.engines.onnxruntime import OrtCpuEngine
 from appliance.manifest import Manifest, load_manifest
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 GPU = pytest.mark.gpu
 
 
@@ -87,6 +87,6 @@ def test_tensorrt_backend_on_the_fakes_matches_the_reference(manifest, inputs, t
 
 def test_every_registered_backend_is_covered() -> None:
     # triton (the remote backend) is held to the same reference against a real tritonserver in
-    # tests/test_engines.py (tests/engine_conformance.py)
+    # tests/integration/test_engines.py (tests/engine_conformance.py)
     assert set(BACKENDS) - {"fake"} == {"onnxruntime-cpu", "onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt",
                                         "triton"}

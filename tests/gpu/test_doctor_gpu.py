@@ -19,7 +19,7 @@ from appliance.engines import fake_cudart, fake_tensorrt
 from appliance.fakes.fake_pynvml import FakePynvml
 from appliance.manifest import load_manifest
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "ct-nodule"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 
 
 @pytest.fixture

@@ -15,12 +15,13 @@ before they are computed and their slots freed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -420,31 +421,27 @@ class Batcher:
             self._cond.notify_all()
         self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
+        lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
+        with lock:  # submit copies the batch out: the buffer is free again afterwards
+            ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
+        if ok:
+            in_flight.append((ticket, items, t0))
+
+    def _engine_call(self, items: list[WorkItem], call: Callable[[Any], Any], arg: Any) -> tuple[bool, Any]:
+        """Call the engine; on failure fail the batch's frames (EngineError, or a bug wrapped as one)."""
         try:
-            if self.stage_lock is not None:
-                with self.stage_lock:
-                    ticket = self.engine.submit(self._batch)
-            else:
-                ticket = self.engine.submit(self._batch)  # copies the batch out: the buffer is free again
+            return True, call(arg)
         except EngineError as e:
             self._fail_batch(items, e)
-            return
         except Exception as e:  # noqa: BLE001 - an engine bug: fail this batch, keep serving
             log.exception("engine raised unexpectedly")
             self._fail_batch(items, EngineError(f"engine failed: {type(e).__name__}: {e}"))
-            return
-        in_flight.append((ticket, items, t0))
+        return False, None
 
     def _collect(self, ticket: object, items: list[WorkItem], t0: float) -> None:
         """Wait for a submitted batch and split its rows back to its frames."""
-        try:
-            outputs = self.engine.result(ticket)
-        except EngineError as e:
-            self._fail_batch(items, e)
-            return
-        except Exception as e:  # noqa: BLE001 - an engine bug: fail this batch, keep serving
-            log.exception("engine raised unexpectedly")
-            self._fail_batch(items, EngineError(f"engine failed: {type(e).__name__}: {e}"))
+        ok, outputs = self._engine_call(items, self.engine.result, ticket)
+        if not ok:
             return
         engine_s = self.clock.monotonic() - t0
         self.heartbeat = self.clock.monotonic()

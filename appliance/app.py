@@ -406,8 +406,10 @@ class App:
         ]
 
     async def _supervise(self) -> None:
-        """Twice a second: a stalled stage makes the service NOT_SERVING (and stops the watchdog) until it
-        moves again."""
+        """Twice a second.
+
+        a stalled stage makes the service NOT_SERVING (and stops the watchdog) until it moves again.
+        """
         assert self.health is not None
         while True:
             stuck = stalled(self.stages, self.clock.monotonic())
@@ -434,8 +436,11 @@ class App:
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(health.set_not_serving(f"engine dead: {error}")))
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Drain: STOPPING=1, NOT_SERVING, refuse new work, finish in-flight work within grace, answer the rest
-        UNAVAILABLE (never CANCELLED), stop. Stuck workers are killed, so this returns within about grace."""
+        """Drain.
+
+        STOPPING=1, NOT_SERVING, refuse new work, finish in-flight work within grace, answer the rest UNAVAILABLE (never
+        CANCELLED), stop. Stuck workers are killed, so this returns within about grace.
+        """
         grace = self.config.server.grace_s if grace_s is None else grace_s
         if self.health is not None:
             await self.health.set_draining()

@@ -312,8 +312,10 @@ class Batcher:
             item.slot = -1
 
     def _finish(self, item: WorkItem) -> None:
-        """Count a frame as finished and, after its request's last frame, answer the request. Never raises:
-        a failing observer or callback must not keep other requests from being answered."""
+        """Count a frame as finished and, after its request's last frame, answer the request.
+
+        Never raises: a failing observer or callback must not keep other requests from being answered.
+        """
         with self._cond:
             self._unfinished -= 1
             if all(i.state.finished for i in item.request.items):
@@ -378,8 +380,11 @@ class Batcher:
             self._die(error)
 
     def _loop_body(self) -> None:
-        """expire -> choose -> launch -> collect, until stopped. Up to ``engine.max_in_flight`` batches are in
-        flight (TensorRT: 2, so the copy of batch k+1 overlaps the compute of batch k; ONNX Runtime: 1)."""
+        """Expire -> choose -> launch -> collect, until stopped.
+
+        Up to ``engine.max_in_flight`` batches are in flight (TensorRT: 2, so the copy of batch k+1 overlaps the compute
+        of batch k; ONNX Runtime: 1).
+        """
         in_flight: collections.deque[tuple[object, list[WorkItem], float]] = collections.deque()
         depth = max(1, int(getattr(self.engine, "max_in_flight", 1)))
         while True:

@@ -82,7 +82,7 @@ def valid_files(size: int = 128, seed: int = 7) -> dict[str, bytes]:
 
 
 def _jpeg_samples() -> dict[str, bytes]:
-    """pydicom's bundled JPEG files (baseline, extended 12-bit, lossless): no JPEG encoder is installed."""
+    """Pydicom's bundled JPEG files (baseline, extended 12-bit, lossless): no JPEG encoder is installed."""
     from pydicom.data import get_testdata_file
 
     out = {}

@@ -414,8 +414,11 @@ def _check_syntax(ts: str) -> None:
 
 
 def _check_items(count: int, limits: DicomLimits) -> None:
-    """Refuse a dataset with more item tags than ``max_items`` before pydicom parses it (a 27 KB deflated file
-    with 400,000 tiny sequence items takes seconds to parse). Counting the byte pattern is an upper bound."""
+    """Refuse a dataset with more item tags than ``max_items``, before pydicom parses it.
+
+    A 27 KB deflated file with 400,000 tiny sequence items takes seconds to parse. Counting the byte pattern
+    is an upper bound.
+    """
     if count > limits.max_items:
         raise LimitExceeded(
             f"the dataset holds {count} sequence items (FFFE,E000), over the limit max_items={limits.max_items}",

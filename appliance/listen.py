@@ -119,8 +119,11 @@ def parse_address(text: str, key: str) -> Address:
 
 
 def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The directory for relative socket paths: ``$RUNTIME_DIRECTORY`` (systemd's ``RuntimeDirectory=``),
-    else ``$XDG_RUNTIME_DIR/edge-appliance``, else ``<tmp>/edge-appliance-<uid>``."""
+    """The directory for relative socket paths.
+
+    ``$RUNTIME_DIRECTORY`` (systemd's ``RuntimeDirectory=``), else ``$XDG_RUNTIME_DIR/edge-appliance``, else
+    ``<tmp>/edge-appliance-<uid>``.
+    """
     env = os.environ if env is None else env
     if env.get("RUNTIME_DIRECTORY"):
         return Path(env["RUNTIME_DIRECTORY"].split(":")[0])
@@ -355,7 +358,7 @@ class CertificateFiles:
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """grpc calls this for each new connection: None = keep the current certificates."""
+        """Grpc calls this for each new connection: None = keep the current certificates."""
         try:
             with self._lock:
                 signature = self._stat()

@@ -1,4 +1,4 @@
-"""Logging for the daemon: one line per event, no patient data, journald fields under systemd.
+r"""Logging for the daemon: one line per event, no patient data, journald fields under systemd.
 
 :func:`configure_logging` sets up the root logger once (``appliance serve`` calls it first):
 
@@ -54,8 +54,11 @@ _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class ThirdPartyFilter(logging.Filter):
-    """Drops third-party records below WARNING, tracebacks of all third-party records, and the text of
-    records from :data:`DATA_LOGGERS`. Records of ``appliance.*`` pass unchanged."""
+    """Drop what third-party loggers must not put in the journal.
+
+    Third-party records below WARNING, tracebacks of all third-party records, and the text of records from
+    :data:`DATA_LOGGERS` go; records of ``appliance.*`` pass unchanged.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite or drop one record."""

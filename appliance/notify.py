@@ -50,7 +50,7 @@ _warned_addresses: set[str] = set()
 
 
 def sd_notify(message: str, *, env: Mapping[str, str] = os.environ) -> bool:
-    """Send one notification datagram to systemd.
+    r"""Send one notification datagram to systemd.
 
     Args:
         message: Newline-separated assignments, e.g. ``"READY=1\\nSTATUS=serving"``.

@@ -21,11 +21,13 @@ __all__ = ["FakeEngine"]
 
 
 class FakeEngine(Engine):
-    """Fixed-batch fake. Options: ``latency_s`` (per batch, slept on the given clock), ``clock``,
-    ``fail_batches`` (set of batch numbers that raise EngineError), ``dead_after`` (batch number from which
-    EngineDeadError is raised), ``hang`` (a threading.Event: run blocks until it is set), ``hang_after``
-    (batch number from which run blocks forever, like a hung device call), ``load_gate`` (a threading.Event
-    that load() waits for, like a slow engine build)."""
+    """Fixed-batch fake.
+
+    Options: ``latency_s`` (per batch, slept on the given clock), ``clock``, ``fail_batches`` (set of batch numbers that
+    raise EngineError), ``dead_after`` (batch number from which EngineDeadError is raised), ``hang`` (a threading.Event:
+    run blocks until it is set), ``hang_after`` (batch number from which run blocks forever, like a hung device call),
+    ``load_gate`` (a threading.Event that load() waits for, like a slow engine build).
+    """
 
     name = "fake"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}

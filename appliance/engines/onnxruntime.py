@@ -76,7 +76,7 @@ def check_distributions() -> str | None:
 
 
 def _library_error(ort: Any, provider: str) -> str | None:
-    """dlopen the provider's shared library as ONNX Runtime would; return the loader's error or None."""
+    """Dlopen the provider's shared library as ONNX Runtime would; return the loader's error or None."""
     short = _LIBS[provider]
     capi = Path(ort.__file__).parent / "capi"
     lib = capi / f"libonnxruntime_providers_{short}.so"

@@ -233,8 +233,10 @@ def commission(thermometer: Thermometer, clock: Clock, load: Load, *, room_c: fl
 
 
 def setpoint_for_delay(delay_s: float, limit_c: float = 75.0) -> float:
-    """The setpoint a measured sensor delay allows, °C: 2.5 °C under the limit up to 3 s of delay, and
-    another 0.5 °C per second beyond. Uncommissioned boxes keep the default 3 °C margin.
+    """The setpoint a measured sensor delay allows, °C.
+
+    2.5 °C under the limit up to 3 s of delay, and another 0.5 °C per second beyond. Uncommissioned boxes keep the
+    default 3 °C margin.
 
     In the fault matrix (``docs/thermal.md``) 2.5 °C kept the true die <= 74.2 °C on every plant with delays
     up to 3 s and floored readings, and lifted the served fraction by about 2 points over a 3 °C margin.
@@ -246,10 +248,13 @@ def setpoint_for_delay(delay_s: float, limit_c: float = 75.0) -> float:
 
 def governor_settings(step: dict[str, Any], p_max_w: float | None = None,
                       blind: dict[str, Any] | None = None) -> dict[str, float]:
-    """``[thermal.governor]`` keys from a step response (:func:`measure_step_response`) and, if given, the
-    constant-duty hold (:func:`safe_blind_duty`): the frozen-sensor model (die rise at 60 % and heatsink rise
-    at 80 % of the fits, time constant rounded up: the cautious side), the sensor delay and the setpoint.
-    The heatsink time constant is not measured here; ``sink_tau_s`` keeps its default."""
+    """Return the ``[thermal.governor]`` keys that commissioning measured.
+
+    From a step response (:func:`measure_step_response`) and, if given, the constant-duty hold
+    (:func:`safe_blind_duty`): the frozen-sensor model (die rise at 60 % and heatsink rise at 80 % of the fits,
+    time constant rounded up: the cautious side), the sensor delay and the setpoint.
+    The heatsink time constant is not measured here; ``sink_tau_s`` keeps its default.
+    """
     if not step.get("ok"):
         return {}
     out: dict[str, float] = {"die_tau_s": math.ceil(float(step["tau_s"]) * 2) / 2,

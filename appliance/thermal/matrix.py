@@ -234,8 +234,11 @@ def _false_blind(res: SimResult, faults: Sequence[Fault], grace_s: int = 30) -> 
 
 def run_cell(row: MatrixPlant, fault: str, hours: float = 3.0, seed: int = 1, ideal: float | None = None,
              base: ThermalConfig | None = None) -> Cell:
-    """Run one cell and score it: 0 s above the limit always; with a healthy (or flaky) sensor also
-    served >= 0.90 of the ideal tracker, peak-to-peak <= 1.5 °C settled and no BLIND at all."""
+    """Run one cell and score it.
+
+    0 s above the limit always; with a healthy (or flaky) sensor also served >= 0.90 of the ideal tracker, peak-to-peak
+    <= 1.5 °C settled and no BLIND at all.
+    """
     profile = matrix_profile(row.room_c, hours, seed)
     profile.faults = fault_windows(fault, len(profile.demand))
     cfg = row.config(base)

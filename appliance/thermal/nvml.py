@@ -205,8 +205,10 @@ class NvmlThermometer(Thermometer):
             return None
 
     def read_fields(self, field_ids: Sequence[int]) -> dict[int, float | str]:
-        """Return field values by id, each decoded by its ``valueType``; a field that failed maps to its
-        error kind (``nvmlDeviceGetFieldValues`` only checks the call, so each ``nvmlReturn`` is checked here).
+        """Return field values by id, each decoded by its ``valueType``.
+
+        a field that failed maps to its error kind (``nvmlDeviceGetFieldValues`` only checks the call, so each
+        ``nvmlReturn`` is checked here).
         """
         nv = self._nvml
         if self._handle is None:

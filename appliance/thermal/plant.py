@@ -275,8 +275,11 @@ def steady_die_c(params: PlantParams, duty: float, ambient_c: float, fan_scale: 
 
 def blind_duty_for(params: PlantParams, worst_room_c: float = 40.0, fan_scale: float = 0.8,
                    ceiling_c: float = 72.0) -> float:
-    """The commissioned blind duty: the largest duty (a multiple of 0.05, at least 0.05) whose steady
-    die stays <= ``ceiling_c`` in ``worst_room_c`` with the fan at ``fan_scale`` of its curve."""
+    """The commissioned blind duty.
+
+    the largest duty (a multiple of 0.05, at least 0.05) whose steady die stays <= ``ceiling_c`` in ``worst_room_c``
+    with the fan at ``fan_scale`` of its curve.
+    """
     u = 1.0
     while u > 0.05 + 1e-9 and steady_die_c(params, u, worst_room_c, fan_scale) > ceiling_c:
         u = round(u - 0.05, 2)

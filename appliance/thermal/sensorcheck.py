@@ -144,8 +144,10 @@ class FrozenDetector:
         self._sink = None
 
     def _typical_run_s(self) -> float | None:
-        """The longest of the last 8 unchanged runs (None until 8 are known): recent, so that a reading that
-        was moving every few seconds (a warming die) and then stops is suspect quickly."""
+        """The longest of the last 8 unchanged runs (None until 8 are known).
+
+        recent, so that a reading that was moving every few seconds (a warming die) and then stops is suspect quickly.
+        """
         if len(self._runs) < 8:
             return None
         return max(list(self._runs)[-8:])
@@ -176,9 +178,12 @@ class FrozenDetector:
         self._probe_t = None
 
     def unseen_rise(self) -> float:
-        """How far the two-node model (die and heatsink) says the die has risen since the reading last
-        changed, beyond one quantisation step, °C (>= 0). The governor adds it to the reading it regulates
-        on, so a reading that stalls while the model says the die keeps warming is not believed blindly."""
+        """Return how far the model says the die has risen unseen, °C (>= 0).
+
+        How far the two-node model (die and heatsink) says the die has risen since the reading last changed,
+        beyond one quantisation step, °C (>= 0). The governor adds it to the reading it regulates
+        on, so a reading that stalls while the model says the die keeps warming is not believed blindly.
+        """
         if self._model is None or self._sink is None or self._value is None:
             return 0.0
         return max(self._model + self._sink - self._total_ref - self.UNSEEN_SLACK_C, 0.0)

@@ -277,8 +277,10 @@ class WorkerPool:
 
     def _recv(self, conn: Connection, proc: multiprocessing.process.BaseProcess, budget_s: float,
               index: int | None = None) -> Any:
-        """Wait for one message within ``budget_s``; a dead, silent or broken worker is killed, counted and
-        raised as _WorkerLost."""
+        """Wait for one message within ``budget_s``.
+
+        a dead, silent or broken worker is killed, counted and raised as _WorkerLost.
+        """
         if not conn.poll(max(0.0, budget_s)):
             if index is not None:
                 self._retire(index, proc, "timeout", f"no answer within {budget_s:.1f} s")

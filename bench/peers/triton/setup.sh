@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the Triton peer's own venv (outside the appliance's runtime deps), git-ignored:
-#   bench/peers/triton/.venv  with nvidia-pytriton (bundles tritonserver), tritonclient[grpc],
+#   bench/peers/triton/.venv  with nvidia-pytriton (bundles tritonserver), tritonclient[grpc,http],
 #   and the same onnxruntime / pydicom / decoder plugins the appliance uses (versions read from the
 #   appliance venv so both servers run the same kernels).
 # Usage: bench/peers/triton/setup.sh [APPLIANCE_PYTHON]   (default: .venv/bin/python of the checkout)
@@ -31,7 +31,7 @@ fi
 # numpy 2 headers, run on numpy 1.26. So: dependencies first, then PyTriton and numpy 1.26 without the
 # resolver. The bench checks that both venvs compute bit-identical model inputs (docs/performance.md).
 # shellcheck disable=SC2086
-"$venv/bin/python" -m pip install -q "tritonclient[grpc]" $pins \
+"$venv/bin/python" -m pip install -q "tritonclient[grpc,http]" $pins \
   "pyzmq>=23.0" "sh>=1.14" "typer>=0.9.0" "typing_inspect>=0.6.0" "wrapt>=1.11" "importlib_metadata>=7.0.1"
 "$venv/bin/python" -m pip install -q --no-deps "nvidia-pytriton==0.7.0" "numpy==1.26.4"
 "$venv/bin/python" -m pip freeze > "$here/.venv/requirements.lock"

@@ -23,7 +23,7 @@ import grpc
 from appliance.kserve_v2 import KServeV2
 from appliance.loadgen import CHANNEL_OPTIONS
 
-__all__ = ["PEER_DIR", "REPO", "TritonPeer", "check_inputs", "default_peer_python"]
+__all__ = ["PEER_DIR", "REPO", "TritonPeer", "batch_stats", "check_inputs", "default_peer_python", "triton_metrics"]
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout (the peer imports appliance from here)
 PEER_DIR = REPO / "bench" / "peers" / "triton"
@@ -57,9 +57,10 @@ class TritonPeer:
                 "(or make bench-peer)")
         self.instances, self.queue_delay_us, self.intra_op_threads = instances, queue_delay_us, intra_op_threads
         self.port = _free_port()
+        self.metrics_port = _free_port()
         self.target = f"127.0.0.1:{self.port}"
         cmd = [str(python), str(PEER_DIR / "serve.py"), "--grpc-port", str(self.port),
-               "--http-port", str(_free_port()), "--metrics-port", str(_free_port()),
+               "--http-port", str(_free_port()), "--metrics-port", str(self.metrics_port),
                "--instances", str(instances), "--queue-delay-us", str(queue_delay_us),
                "--intra-op-threads", str(intra_op_threads),
                "--models-dir", str(REPO / "models"), "--pipeline", str(REPO / "pipelines" / "ct-nodule.toml")]
@@ -108,6 +109,37 @@ class TritonPeer:
             return self.proc.wait(10)
         finally:
             self.log.close()
+
+
+_METRICS = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_queue_duration_us",
+            "nv_inference_compute_infer_duration_us", "nv_inference_request_success")
+
+
+def triton_metrics(port: int) -> dict[str, float]:
+    """Triton's Prometheus counters for the model (request and execution counts, queue and compute µs)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310 - loopback
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in _METRICS and 'model="ct-nodule"' in line:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def batch_stats(before: dict[str, float], after: dict[str, float], batch: int) -> dict[str, float | None]:
+    """Mean batch size, fill (mean / B) and mean queue ms between two :func:`triton_metrics` readings."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _METRICS}
+    execs, reqs = d["nv_inference_exec_count"], d["nv_inference_count"]
+    return {
+        "mean_batch": round(reqs / execs, 2) if execs else None,
+        "batch_fill": round(reqs / execs / batch, 3) if execs else None,
+        "queue_ms": round(d["nv_inference_queue_duration_us"] / 1000.0 / reqs, 2) if reqs else None,
+        "compute_ms_per_request": round(d["nv_inference_compute_infer_duration_us"] / 1000.0 / reqs, 2)
+        if reqs else None,
+    }
 
 
 def check_inputs(python: Path, files: list[bytes], local_digest: str) -> dict[str, Any]:

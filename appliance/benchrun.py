@@ -35,6 +35,8 @@ class _Server:
     name: str  # "appliance" or "triton"
     target: str
     pid: int | None
+    metrics_port: int | None = None  # Triton's Prometheus port: batch sizes and queue time
+    batch: int = 8
     raw: dict[str, list[float]] = field(default_factory=dict)  # pattern -> latencies (ms), for the plots
     scores: dict[int, float] = field(default_factory=dict)  # file index -> score
 
@@ -88,6 +90,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
     cpu0 = bc.proc_tree_cpu_s(srv.pid) if srv.pid else {}
     thr0 = bc.thread_cpu_s(srv.pid) if srv.pid else {}
     sw0 = bc.proc_tree_switches(srv.pid) if srv.pid else 0
+    m0 = _triton_metrics(srv)
     got = await run(send)
     res, extra = got if isinstance(got, tuple) else (got, None)
     out = res.summary()
@@ -103,12 +106,28 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
                                                sorted(by_thread.items(), key=lambda kv: -kv[1])[:8] if v >= 0.05}
     if extra is not None:
         out["burst_drain_ms"] = extra
+    m1 = _triton_metrics(srv)
+    if m0 and m1:
+        from appliance.benchpeer import batch_stats
+
+        out["triton_batches"] = batch_stats(m0, m1, srv.batch)
     if status is not None:
         with contextlib.suppress(grpc.aio.AioRpcError, KeyError):
             out.update(await status())
     srv.raw[pattern] = list(res.latencies)
     srv.scores.update(res.scores)
     return out
+
+
+def _triton_metrics(srv: _Server) -> dict[str, float]:
+    if srv.metrics_port is None:
+        return {}
+    from appliance.benchpeer import triton_metrics
+
+    try:
+        return triton_metrics(srv.metrics_port)
+    except OSError:
+        return {}
 
 
 async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[_Server]) -> dict[str, Any]:
@@ -167,6 +186,10 @@ async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[
     return out
 
 
+def _batch(args: argparse.Namespace) -> int:
+    return int(_load_model(args)[1].input.shape[0])
+
+
 def _tune_peer(args: argparse.Namespace, files: list[bytes], python: Path, logdir: Path) -> dict[str, Any]:
     """Try every (instances, queue delay); keep the best saturated throughput at ``--concurrency``."""
     from appliance.benchpeer import TritonPeer
@@ -178,10 +201,11 @@ def _tune_peer(args: argparse.Namespace, files: list[bytes], python: Path, logdi
                               log_path=logdir / f"triton-tune-{inst}-{delay}.log")
             try:
                 peer.wait_ready()
-                srv = _Server("triton", peer.target, peer.pid)
+                srv = _Server("triton", peer.target, peer.pid, peer.metrics_port, _batch(args))
                 res = asyncio.run(_one(srv, files, args, warm=True))
                 trials.append({**peer.config(), "throughput_per_s": res["throughput_per_s"],
                                "p99_ms": res["latency_ms"]["p99"], "cpu_ms_per_request": res.get("cpu_ms_per_request"),
+                               "mean_batch": res.get("triton_batches", {}).get("mean_batch"),
                                "errors": res["errors"]})
             finally:
                 peer.stop()
@@ -250,7 +274,7 @@ def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str,
             peer_info["ready_s"] = round(peer.wait_ready(), 2)
             peer_info["config"] = peer.config()
             peer_info["server"] = "Triton 2.51.0 (PyTriton 0.7.0), Python callable, ONNX Runtime CPU"
-            srv = _Server("triton", peer.target, peer.pid)
+            srv = _Server("triton", peer.target, peer.pid, peer.metrics_port, int(manifest.input.shape[0]))
             if args.warmup:
                 asyncio.run(_warm_kserve(srv, files, args))
             servers.append(srv)

@@ -65,9 +65,13 @@ def _costs(args: argparse.Namespace, files: list[bytes], pipeline: Any, manifest
     cores = len(__import__("os").sched_getaffinity(0))
     workers = args.workers or max(1, cores - 1)
     engine_gflops = flops / (engine_ms / 1000.0) / 1e9
+    floor = np.asarray(pre["per_file_ms"]) + engine_ms  # no queueing: own preprocessing + one engine batch
     return {
         "costs": {
             "cpu": cpu,
+            "latency_floor_ms": {"p50": round(float(np.percentile(floor, 50)), 2),
+                                 "p99": round(float(np.percentile(floor, 99)), 2),
+                                 "jitter": round(float(np.percentile(floor, 99) / np.percentile(floor, 50)), 3)},
             "preprocess": pre,
             "preprocess_uncompressed": {k: v for k, v in pre_native.items() if k != "per_file_ms"},
             "engine_batch_ms": round(engine_ms, 3),

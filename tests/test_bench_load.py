@@ -210,3 +210,11 @@ def test_extended_report_against_a_running_daemon(app: RunningApp, tmp_path: Pat
     assert "peer" not in report and "sequential_throughput_per_s" not in report
     if "error" not in report["plots"]:
         assert Path(report["plots"]["latency"]).stat().st_size > 0
+
+
+def test_synth_writes_the_bench_workload(tmp_path: Path) -> None:
+    from appliance.cli import main as cli_main
+
+    assert cli_main(["synth", "--workload", "native", "--count", "3", "--seed", "5", "--out", str(tmp_path)]) == 0
+    written = [p.read_bytes() for p in sorted(tmp_path.glob("native-*.dcm"))]
+    assert written == synthetic.workload("native", 3, seed=5)

@@ -56,6 +56,7 @@ class TritonPeer:
                 f"peer interpreter {python} not found; create the peer venv with bench/peers/triton/setup.sh "
                 "(or make bench-peer)")
         self.instances, self.queue_delay_us, self.intra_op_threads = instances, queue_delay_us, intra_op_threads
+        self.ready_s = 0.0
         self.port = _free_port()
         self.metrics_port = _free_port()
         self.target = f"127.0.0.1:{self.port}"

@@ -95,6 +95,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
     thr0 = bc.thread_cpu_s(srv.pid) if srv.pid else {}
     sw0 = bc.proc_tree_switches(srv.pid) if srv.pid else 0
     m0 = _triton_metrics(srv)
+    s0 = await _status(status)
     got = await run(send)
     res, extra = got if isinstance(got, tuple) else (got, None)
     out = res.summary()
@@ -115,12 +116,23 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
         from appliance.benchpeer import batch_stats
 
         out["triton_batches"] = batch_stats(m0, m1, srv.batch)
-    if status is not None:
-        with contextlib.suppress(grpc.aio.AioRpcError, KeyError):
-            out.update(await status())
+    s1 = await _status(status)
+    if s1:
+        out.update(s1)
+        if s0 and ok:  # mean real items per batch over this pattern, from the daemon's batch counter
+            batches = s1["server"]["batches"] - s0["server"]["batches"]
+            out["mean_batch"] = round(ok / batches, 2) if batches > 0 else None
     srv.raw[pattern] = list(res.latencies)
     srv.scores.update(res.scores)
     return out
+
+
+async def _status(status: Any) -> dict[str, Any]:
+    if status is None:
+        return {}
+    with contextlib.suppress(grpc.aio.AioRpcError, KeyError):
+        return await status()
+    return {}
 
 
 def _triton_metrics(srv: _Server) -> dict[str, float]:

@@ -204,6 +204,7 @@ def test_extended_report_against_a_running_daemon(app: RunningApp, tmp_path: Pat
     assert set(report["sweep"]["appliance"]) == {"1", "2"}
     point = report["sweep"]["appliance"]["2"]
     assert point["cpu_ms_per_request"] > 0 and point["wakeups_per_request"] >= 0
+    assert 1 <= point["mean_batch"] <= 4  # the fake model's B is 4
     assert report["poisson"]["rate_per_s"] == pytest.approx(0.5 * report["capacity_per_s"]["appliance"], rel=0.01)
     assert len(report["bursts"]["appliance"]["burst_drain_ms"]) == 2
     assert report["targets"]["poisson_jitter_p99_p50"]["met"] in (True, False)

@@ -202,6 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--costs", action="store_true", help="measure per-slice CPU costs and the ceilings")
     parser.add_argument("--sweep", type=_ints, default=[], help="closed-loop concurrencies, e.g. 1,4,8,16")
     parser.add_argument("--poisson", type=float, default=0.0, help="open-loop Poisson at this fraction of capacity")
+    parser.add_argument("--poisson-rate", type=float, default=0.0, help="open-loop Poisson at this rate (req/s)")
     parser.add_argument("--bursts", default="", help="SIZExPERIODxCOUNT, e.g. 32x2x4 (32 requests every 2 s)")
     parser.add_argument("--peer", choices=["none", "triton"], default="none")
     parser.add_argument("--peer-python", type=Path, help="the peer venv's python (default bench/peers/triton/.venv)")
@@ -254,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
         "workload_generation_s": round(gen_s, 2),
     }
-    extended = args.costs or args.sweep or args.poisson or args.bursts or args.peer != "none" or args.self_workload
+    extended = (args.costs or args.sweep or args.poisson or args.poisson_rate or args.bursts or args.peer != "none"
+                or args.self_workload)
     if args.target and not extended:
         report.update(_drive(args.target, files, args))
         report["target"] = args.target

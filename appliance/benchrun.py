@@ -178,14 +178,14 @@ async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[
         capacity = {name: sw[max(points)]["throughput_per_s"] for name, sw in out["sweep"].items()}
         out["capacity_per_s"] = capacity
         dur = (args.duration or 10.0) * 1.5
-        if args.poisson:
-            rate = args.poisson * min(capacity.values())
+        if args.poisson or args.poisson_rate:
+            rate = args.poisson_rate or args.poisson * min(capacity.values())
             out["poisson"] = {"fraction": args.poisson, "rate_per_s": round(rate, 2), "duration_s": dur,
                               **await each("poisson", lambda send: loadgen.poisson(
                                   send, n, rate_per_s=rate, duration_s=dur, seed=args.seed))}
             own = args.poisson * capacity["appliance"]
             app = next(s for s in servers if s.name == "appliance")
-            if abs(own - rate) > 0.05 * rate:
+            if args.poisson and not args.poisson_rate and abs(own - rate) > 0.05 * rate:
                 out["poisson_own"] = {"fraction": args.poisson, "rate_per_s": round(own, 2), "duration_s": dur,
                                       "appliance": await _point(app, "poisson-own", senders["appliance"],
                                                                 lambda send: loadgen.poisson(

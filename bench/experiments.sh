@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Design experiments behind the recommendations in docs/performance.md, configuration only (no code change):
-# the same measurement (costs, closed loop at 1 and 16 clients, Poisson at 0.7) with
+# the same measurement (costs, closed loop at 1 and 16 clients, Poisson at 0.7 x the default's capacity) with
 #   - the default batcher (max_wait 5 ms),
 #   - max_wait 0 (launch the moment the engine is idle: what the wait costs a single client),
 #   - max_wait 40 ms (wait for fuller batches: what partial batches cost in CPU per request),
@@ -14,7 +14,7 @@ mkdir -p "$out"
 conf() { printf '[batcher]\n%s\n' "$1" > "$out/$2.toml"; echo "$out/$2.toml"; }
 run() {
   local name="$1"; shift
-  "$bin/appliance" bench --workload quarters --costs --sweep 1,16 --concurrency 16 --poisson 0.7 \
+  "$bin/appliance" bench --workload quarters --costs --sweep 1,16 --concurrency 16 $poisson \
     --duration "$secs" --no-sequential --logs "$out/logs-$name" --json "$out/$name.json" -- "$@" \
     >/dev/null 2>"$out/$name.err" || true
   "$bin/python" - "$out/$name.json" "$name" <<'PY'
@@ -26,7 +26,10 @@ print(f"{sys.argv[2]:>14}: 1 client p50 {s['1']['latency_ms']['p50']:6.1f} ms | 
       f"mean batch {p.get('mean_batch')} cpu {p.get('cpu_ms_per_request')} | ceiling {r['ceiling']['cpu_ceiling_per_s']}/s")
 PY
 }
+poisson="--poisson 0.7"
 run default
+# the same offered load for every variant: 0.7 x the default configuration's capacity
+poisson="--poisson-rate $("$bin/python" -c "import json; print(json.load(open('$out/default.json'))['poisson']['rate_per_s'])")"
 run wait0 --config "$(conf 'max_wait_s = 0.0' wait0)"
 run wait40 --config "$(conf 'max_wait_s = 0.04' wait40)"
 run workers1 --config "$(conf 'preprocess_workers = 1' workers1)"

@@ -38,6 +38,7 @@ __all__ = [
     "preprocess_costs",
     "proc_tree_cpu_s",
     "proc_tree_switches",
+    "python_thread_names",
     "thread_cpu_s",
     "sgemm_gflops",
 ]
@@ -112,8 +113,37 @@ def proc_tree_switches(pid: int) -> int:
     return total
 
 
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds by ``process-name/thread-name`` over ``pid`` and its descendants (threads of one name summed)."""
+def python_thread_names(pid: int) -> dict[str, str]:
+    """Thread id -> Python thread name for ``pid`` and its descendants, from ``py-spy dump`` ({} without py-spy).
+
+    The kernel names every Python thread "python"; py-spy reads the interpreter's own names ("engine",
+    "MainThread", ...), so per-thread CPU can say which stage spent it.
+    """
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return {}
+    names: dict[str, str] = {}
+    for p in proc_tree_cpu_s(pid):
+        try:
+            text = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(p)], capture_output=True, text=True,
+                                  timeout=20, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        names.update({m.group(1): m.group(2) for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', text, re.M)})
+    return names
+
+
+def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, float]:
+    """CPU seconds by ``process-name[pid]/thread-name`` over ``pid`` and its descendants (same names summed).
+
+    ``names`` (from :func:`python_thread_names`) replaces the kernel's thread names where it has the thread.
+    """
+    names = names or {}
     kids = _children()
     out: dict[str, float] = {}
     todo = [pid]
@@ -130,7 +160,7 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
                 stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
             except OSError:
                 continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            name = names.get(tid) or stat[stat.index("(") + 1:stat.rindex(")")]
             fields = stat[stat.rindex(")") + 2:].split()
             key = f"{pname}[{p}]/{name}"
             out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK

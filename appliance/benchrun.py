@@ -92,7 +92,8 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
                  run: Callable[[loadgen.Sender], Awaitable[Any]], status: Any = None) -> dict[str, Any]:
     """Run one pattern on one server; add CPU and wake-ups per answered request (whole process tree)."""
     cpu0 = bc.proc_tree_cpu_s(srv.pid) if srv.pid else {}
-    thr0 = bc.thread_cpu_s(srv.pid) if srv.pid else {}
+    names = bc.python_thread_names(srv.pid) if srv.pid else {}
+    thr0 = bc.thread_cpu_s(srv.pid, names) if srv.pid else {}
     sw0 = bc.proc_tree_switches(srv.pid) if srv.pid else 0
     m0 = _triton_metrics(srv)
     s0 = await _status(status)
@@ -105,7 +106,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
         out["cpu_ms_per_request"] = round(cpu * 1000.0 / ok, 2)
         out["server_cpu_cores"] = round(cpu / res.elapsed_s, 3) if res.elapsed_s else None
         out["wakeups_per_request"] = round((bc.proc_tree_switches(srv.pid) - sw0) / ok, 1)
-        thr1 = bc.thread_cpu_s(srv.pid)
+        thr1 = bc.thread_cpu_s(srv.pid, names)
         by_thread = {k: (v - thr0.get(k, 0.0)) * 1000.0 / ok for k, v in thr1.items()}
         out["cpu_ms_per_request_by_thread"] = {k: round(v, 2) for k, v in
                                                sorted(by_thread.items(), key=lambda kv: -kv[1])[:8] if v >= 0.05}

@@ -358,6 +358,7 @@ def _fill(args: argparse.Namespace, report: dict[str, Any], results: dict[str, A
           peer_info: dict[str, Any]) -> None:
     app = results["sweep"]["appliance"]
     main = dict(app[args.concurrency])
+    main["latency_ms"] = dict(main["latency_ms"])
     jitter = main["latency_ms"].pop("jitter", None)
     report.update(main)  # the stable fields: throughput_per_s, latency_ms, stages_ms, batch_fill, errors, server
     report["latency_jitter_p99_p50"] = jitter

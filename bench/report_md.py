@@ -92,6 +92,11 @@ def peer_and_targets(r: dict[str, Any]) -> None:
         s = r["self"]
         print(f"\nSelf-comparison on {s['workload']}: overlap {s['overlap']['throughput_per_s']}/s vs sequential "
               f"{s['sequential']['throughput_per_s']}/s = **{s['speedup_vs_sequential']}x**")
+        if "ideal_sequential_per_s" in s:
+            print(f"against the arithmetic sequential baseline B / (B t_pre + t_engine)"
+                  f" = {s['ideal_sequential_per_s']}/s:"
+                  f" **{s['speedup_vs_ideal_sequential']}x**; pipelined bound {s['costs']['pipelined_bound_per_s']}/s,"
+                  f" reached {s['pipelined_fraction']}")
     if "targets" in r:
         print("\n| target | value | goal | met |\n|---|---|---|---|")
         for name, t in r["targets"].items():

@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-dev bench bench-quick bench-peer proto model eval thermal-sim clean
+.PHONY: run test setup setup-dev bench bench-quick bench-peer chaos proto model eval thermal-sim clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ bench: setup-dev bench-peer
 # The appliance alone: overlap vs --no-overlap, 16 clients.
 bench-quick: setup
 	$(BIN)/appliance bench --json bench.json $(ARGS)
+
+# Hostile inputs and crashing decoders against a real daemon for DURATION seconds (not in the default tests).
+DURATION ?= 120
+chaos: setup-dev
+	$(BIN)/appliance chaos --duration $(DURATION) --json chaos.json $(ARGS)
 
 thermal-sim: setup-dev
 	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)

@@ -1,16 +1,18 @@
 """Composition root: builds the parts in data-path order, then start, warm-up, READY, drain, stop.
 
-server (grpc.aio) -> dicom.parse -> pipeline (worker pool, into a slot) -> batcher -> engine (one thread)
-                  -> postprocess -> reply
-side channels: health (gRPC health + sd_notify + GetStatus) · metrics · thermal controller -> pacer
+server (grpc.aio) -> request path (analyze.py: byte budget, admission) -> worker processes (parse, decode,
+preprocess into a shared slot) -> batcher -> engine (one thread) -> postprocess -> reply
+side channels: health (gRPC health + sd_notify + GetStatus, fed by every stage's progress) · metrics ·
+thermal controller -> pacer
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
 import math
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from appliance import __version__, dicom
+from appliance.analyze import ModelInfo, PathLimits, RequestPath
 from appliance.batcher import Batcher, Pacer, QueueStats
 from appliance.clock import Clock, RealClock
 from appliance.config import Config, ThermalSection
@@ -30,6 +33,7 @@ from appliance.engines import resolve
 from appliance.errors import ConfigError, Unavailable
 from appliance.governor import Governor, ThermalConfig
 from appliance.health import HealthState, ServiceState
+from appliance.liveness import Stage, StageProgress, stalled
 from appliance.manifest import load_manifest
 from appliance.metrics import Metrics
 from appliance.notify import Notifier, SystemdNotifier, Watchdog
@@ -40,6 +44,9 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.server import InferenceServicer
 from appliance.thermal_control import ThermalController
 from appliance.thermometers import make_thermometer
+from appliance.workers.arena import SlotArena
+from appliance.workers.child import WorkerSpec
+from appliance.workers.pool import WorkerPool
 
 __all__ = ["App", "serve"]
 
@@ -81,15 +88,18 @@ class App:
             max_pixels_per_frame=config.dicom.max_pixels_per_frame,
             max_frames=config.dicom.max_frames,
             max_decoded_bytes=config.dicom.max_decoded_bytes,
+            max_inflated_bytes=config.dicom.max_inflated_bytes,
+            max_items=config.dicom.max_items,
         )
         self.postprocess = Postprocessor(self.manifest)
-        # engine + batcher (the engine is loaded on its own thread in start())
+        # engine + slot arena + batcher (the engine is loaded on its own thread in start())
         engine_cls, self.skipped_backends = resolve(config.engine.backend)
         options = {"intra_op_threads": config.engine.intra_op_threads, "allow_spinning": config.engine.allow_spinning}
         options.update(config.engine.options)
         options.update(engine_options or {})
         self.engine = engine_cls(self.manifest, self.artifact, options)
         self.pacer = Pacer(self.clock)
+        self.arena = SlotArena.create(config.batcher.queue_capacity, tuple(self.engine.item_shape))
         self.batcher = Batcher(
             self.engine,
             config.batcher,
@@ -97,11 +107,52 @@ class App:
             pacer=self.pacer,
             observer=self.metrics,
             on_engine_dead=self._engine_dead,
+            arena=self.arena.slots,
+        )
+        # preprocessing worker processes: parse, decode and preprocess straight into the arena's slots
+        self.pool = WorkerPool(
+            WorkerSpec(
+                arena=self.arena.spec,
+                pipelines_dir=str(config.pipelines_dir()),
+                models_dir=str(config.models_dir()),
+                model=self.manifest.name,
+                limits=self.limits,
+                memory_bytes=config.workers.memory_bytes,
+                nice=config.workers.nice,
+                faults=os.environ.get("APPLIANCE_TEST_DECODER_FAULTS") == "1",
+            ),
+            config.workers,
+            workers=preprocess_workers(config),
+            batcher=self.batcher,
+            clock=self.clock,
+            on_restart=self.metrics.on_worker_restart,
+            stage_lock=self.batcher.stage_lock,
+        )
+        # the one request path, which every protocol front end calls
+        self.path = RequestPath(
+            model=ModelInfo(
+                name=self.manifest.name,
+                version=self.manifest.version,
+                precision=self.artifact.precision,
+                backend=self.engine.name,
+                batch_size=self.engine.batch_size,
+                input_name=self.manifest.input.name,
+                item_shape=tuple(self.engine.item_shape),
+                outputs=tuple((o.name, tuple(o.shape[1:])) for o in self.manifest.outputs),
+            ),
+            pipelines=frozenset(self.pipelines),
+            default_pipeline=self.default_pipeline,
+            pool=self.pool,
+            batcher=self.batcher,
+            postprocess=self.postprocess,
+            clock=self.clock,
+            limits=PathLimits(config.server.max_message_bytes, config.server.inflight_bytes,
+                              config.server.default_deadline_s),
+            check_admitting=self.check_admitting,
         )
         self.thermal = thermal or build_thermal(
             config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name
         )
-        self.parse_executor = ThreadPoolExecutor(1, thread_name_prefix="parse")
         self._thermal_executor = ThreadPoolExecutor(1, thread_name_prefix="thermal")
         self.thermal_stopped = False  # the GPU was lost: terminal until systemd restarts us
         self.health: HealthState | None = None
@@ -110,12 +161,10 @@ class App:
         self._t_start = self.clock.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thermal_tick = self.clock.monotonic()  # last time the thermal loop completed a period
+        self.stages = self._stages()
 
-    # ---- used by the servicer ---------------------------------------------------------------------------
-
-    def parse_dicom(self, data: bytes) -> dicom.DicomInstance:
-        """Parse and validate one instance (runs in the parse executor)."""
-        return dicom.parse(data, self.limits)
+    # ---- used by the request path and the servicers -----------------------------------------------------
 
     def check_admitting(self) -> None:
         """Raise Unavailable unless the service admits new work."""
@@ -158,6 +207,7 @@ class App:
         if self.health.state == ServiceState.SERVING and reasons:
             state = "DEGRADED"
         snap = self.thermal.snapshot()
+        pool = self.pool.statistics()
         status = pb.Status(
             state=state,
             uptime_s=self.clock.monotonic() - self._t_start,
@@ -181,6 +231,8 @@ class App:
             degraded_reasons=reasons,
             pipelines=sorted(self.pipelines),
             default_pipeline=self.default_pipeline,
+            worker_restarts=pool.restarts,
+            workers=pool.workers,
         )
         for stage, summary in self.metrics.latency_summaries().items():
             status.latency_ms[stage].CopyFrom(
@@ -200,6 +252,7 @@ class App:
             ("grpc.http2.min_ping_interval_without_data_ms", 30_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.max_connection_idle_ms", 15 * 60_000),
+            ("grpc.max_concurrent_streams", 256),  # per connection: one client cannot open unbounded streams
         ]
 
     async def start(self) -> None:
@@ -208,8 +261,16 @@ class App:
         health_servicer = health_aio.HealthServicer()
         self.health = HealthState(health_servicer, self.notifier)
         await self.health.init()
-        server = grpc.aio.server(options=self._server_options())
-        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(self), server)
+        server = grpc.aio.server(
+            options=self._server_options(), maximum_concurrent_rpcs=self.config.server.max_concurrent_rpcs
+        )
+        servicer = InferenceServicer(
+            self.path,
+            self.metrics,
+            self.status_pb,
+            stream_window=max(self.batcher.batch_size, self.config.batcher.queue_capacity // 2),
+        )
+        pb_grpc.add_InferenceServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if self.config.server.reflection:
             names = (
@@ -232,12 +293,18 @@ class App:
         )
         for name, why in self.skipped_backends.items():
             log.info("engine backend %s skipped: %s", name, why)
+        if self.pool.spec.faults:
+            log.warning("TEST ONLY: decoder fault injection is on (APPLIANCE_TEST_DECODER_FAULTS=1)")
         await asyncio.get_running_loop().run_in_executor(None, self.artifact.verify)
+        self.pool.start()
         ready = self.batcher.start(self.config.engine.warmup_runs)
         while not ready.is_set():  # polled, so a SIGTERM during a long load/build is not held up
             await asyncio.sleep(0.05)
         if self.batcher.start_error is not None:
             raise self.batcher.start_error
+        timeout = self.config.workers.start_timeout_s
+        if not await asyncio.get_running_loop().run_in_executor(None, self.pool.wait_started, timeout):
+            raise Unavailable(f"preprocessing workers did not start within {timeout} s (workers.start_timeout_s)")
         log.info(
             "engine ready: %s on %s, B=%d, %.1f ms/batch after warm-up",
             self.artifact.precision,
@@ -245,8 +312,12 @@ class App:
             self.engine.batch_size,
             self.batcher.batch_s_estimate * 1e3,
         )
+        self.path.model = dataclasses.replace(self.path.model, backend=self.engine.backend)
         await self.health.set_serving()
-        self._tasks.append(asyncio.create_task(self._thermal_loop(), name="thermal"))
+        thermal_task = asyncio.create_task(self._thermal_loop(), name="thermal")
+        thermal_task.add_done_callback(self._thermal_died)
+        self._tasks.append(thermal_task)
+        self._tasks.append(asyncio.create_task(self._supervise(), name="supervise"))
         if self.notifier.watchdog_interval_s:
             watchdog = Watchdog(
                 self.notifier,
@@ -293,11 +364,59 @@ class App:
             self.metrics.queue_depth.set(queue.depth)
             self.metrics.queue_capacity.set(queue.capacity)
             self.metrics.up.set(1 if self.health.state == ServiceState.SERVING else 0)
+            self._thermal_tick = self.clock.monotonic()
             await asyncio.sleep(period if snap.enabled else max(period, 1.0))
 
+    def _thermal_died(self, task: asyncio.Task[None]) -> None:
+        """A dead thermal loop is a fault: pace at the safe blind duty, NOT_SERVING (docs/robustness.md)."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        log.critical("thermal loop died: %r; pacing at the blind duty", error)
+        self.pacer.set_duty(self.thermal.governor.config.blind_duty if self.thermal.enabled else 1.0)
+        if self.health is not None:
+            asyncio.ensure_future(self.health.set_not_serving(f"thermal loop died: {type(error).__name__}"))
+
+    def _stages(self) -> list[Stage]:
+        """Every stage whose progress health and the watchdog follow."""
+        stall = self.config.server.stall_s
+
+        def workers() -> StageProgress:
+            stats = self.pool.statistics()
+            return StageProgress(stats.queued + stats.busy, stats.last_progress)
+
+        def engine() -> StageProgress:  # the engine thread ticks at least every 0.1 s while it lives
+            return StageProgress(1, self.batcher.heartbeat)
+
+        def thermal() -> StageProgress:
+            return StageProgress(1, self._thermal_tick)
+
+        period = self.config.thermal.period_s
+        return [
+            Stage("preprocessing workers", workers, max(stall, self.config.workers.step_timeout_s + 5.0)),
+            Stage("engine", engine, stall),
+            Stage("thermal loop", thermal, max(stall, 3 * period + 5.0)),
+        ]
+
+    async def _supervise(self) -> None:
+        """Twice a second: a stalled stage makes the service NOT_SERVING (and stops the watchdog) until it
+        moves again."""
+        assert self.health is not None
+        while True:
+            stuck = stalled(self.stages, self.clock.monotonic())
+            if stuck and self.health.state == ServiceState.SERVING:
+                await self.health.set_not_serving("stalled: " + "; ".join(stuck))
+            elif not stuck and self.health.state == ServiceState.NOT_SERVING and self.health.reason.startswith(
+                "stalled"
+            ):
+                await self.health.set_serving()
+            await asyncio.sleep(0.5)
+
     def _heartbeat(self) -> float:
-        """The engine thread's last sign of progress; never fresh after the GPU is lost or the engine died."""
+        """Now while every stage progresses; never fresh after a stall, a lost GPU or a dead engine."""
         if self.thermal_stopped or self.batcher.dead is not None:
+            return -math.inf
+        if stalled(self.stages, self.clock.monotonic()):
             return -math.inf
         return self.batcher.heartbeat
 
@@ -308,27 +427,44 @@ class App:
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(health.set_not_serving(f"engine dead: {error}")))
 
     async def stop(self, grace_s: float | None = None) -> None:
-        """Drain: STOPPING=1, NOT_SERVING, refuse new work, finish in-flight work within grace, stop."""
+        """Drain: STOPPING=1, NOT_SERVING, refuse new work, finish in-flight work within grace, answer the rest
+        UNAVAILABLE (never CANCELLED), stop. Stuck workers are killed, so this returns within about grace."""
         grace = self.config.server.grace_s if grace_s is None else grace_s
         if self.health is not None:
             await self.health.set_draining()
         self.batcher.stop_accepting()
-        loop = asyncio.get_running_loop()
-        drained = loop.run_in_executor(None, self.batcher.drain, grace)
+        finished = await self.path.wait_idle(max(0.0, grace - 0.5))
+        if not finished:
+            left = self.path.fail_all(Unavailable(
+                f"the service is shutting down and this request did not finish within the grace period "
+                f"(server.grace_s = {grace})", reason="DRAINING"))
+            log.warning("shutdown: %d request(s) answered UNAVAILABLE after the grace period", left)
+            await self.path.wait_idle(0.5)  # let their handlers send the replies
         if self.server is not None:
-            await self.server.stop(grace)
-        await drained
+            await self.server.stop(0.5)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # a task that died was reported already
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.pool.stop, 1.0)
         await loop.run_in_executor(None, self.batcher.stop, 2.0)
         if not self.batcher.engine_thread_alive:  # the engine is only ever touched by its own thread
             self.engine.close()
         self.thermal.close()
-        self.parse_executor.shutdown(wait=False, cancel_futures=True)
         self._thermal_executor.shutdown(wait=False, cancel_futures=True)
+        self.arena.close()
+
+    def close(self) -> None:
+        """Release what the constructor took (for an App that was never started)."""
+        self.arena.close()
+
+
+def preprocess_workers(config: Config) -> int:
+    """Worker processes: ``batcher.preprocess_workers``, or (0 = auto) the cores the engine leaves, at least 2."""
+    if config.batcher.preprocess_workers:
+        return config.batcher.preprocess_workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(2, cores - config.engine.intra_op_threads)
 
 
 def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:

@@ -1,9 +1,12 @@
 """Fixed-batch forming, padding, priorities, deadlines and thermal pacing; the engine's one owner thread.
 
-The inbox is a slot arena: ``queue_capacity`` preallocated model inputs. Admission reserves one slot per frame
-(or answers RESOURCE_EXHAUSTED at once); a preprocessing worker writes the frame straight into its slot; the
-engine thread gathers up to B ready slots into the batch buffer, zero-pads the rest, runs the engine, and
-splits the outputs back. While the engine runs batch k, the workers prepare the frames of batch k+1.
+The inbox is a slot arena: ``queue_capacity`` preallocated model inputs (shared memory, see
+:mod:`appliance.workers.arena`). Admission (:meth:`Batcher.reserve`) reserves one slot per frame or answers
+RESOURCE_EXHAUSTED at once; a preprocessing worker process writes the frame straight into its slot and the pool
+reports it (:meth:`frame_ready` / :meth:`frame_failed`); the engine thread gathers up to B ready slots into the
+batch buffer, zero-pads the rest, runs the engine, and splits the outputs back. While the engine runs batch k,
+the workers prepare the frames of batch k+1. Admitted frames that no worker has started yet expire at their
+deadline too, freeing their slots.
 
 NOTE (launch rule): launch when B items are ready, or when the engine is idle and the oldest ready item has
 waited ``max_wait``. INTERACTIVE items are taken before BATCH items, oldest first within a class. Cancelled or
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from appliance.clock import Clock, RealClock
+from appliance.config import BatcherConfig
 from appliance.engines.base import Engine
 from appliance.errors import (
     ApplianceError,
@@ -35,24 +39,12 @@ from appliance.errors import (
     Overloaded,
     Unavailable,
 )
-from appliance.work import ItemState, Priority, Request, WorkItem
+from appliance.pacer import Pacer
+from appliance.work import ItemState, Request, WorkItem
 
 __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatcherConfig:
-    """The batcher's knobs (``[batcher]`` in the config file)."""
-
-    max_wait_s: float = 0.005  # how long the oldest ready item may wait for partners while the engine idles
-    # Slots in the inbox. 64 frames = 8 batches of 8: at ~50 ms per CPU batch that is ~0.4 s of work, so a
-    # full inbox still drains well inside an interactive client's deadline, while a series upload of a few
-    # dozen slices is admitted whole. Each slot holds one model input (256 KiB at 1x256x256 float32).
-    queue_capacity: int = 64
-    overlap: bool = True  # preprocess in a worker pool while the engine runs; False = sequential (benchmarks)
-    preprocess_workers: int = 1  # worker threads; cores left over by the engine's intra-op threads
 
 
 @dataclass(frozen=True)
@@ -78,82 +70,16 @@ class BatchObserver:
     def on_rejected(self, reason: str) -> None:
         """One admission was refused (reason: QUEUE_FULL, DEADLINE_UNMEETABLE, ...)."""
 
-
-class Pacer:
-    """Turns a thermal duty u in [0, 1] into gaps between launches: a token bucket of engine-busy seconds.
-
-    The bucket refills at rate u and holds about one batch. A batch that takes b seconds may launch once the
-    bucket holds b; for u < 1 that leaves gaps of about b(1-u)/u. Thread-safe. It also accounts the busy
-    fraction the engine achieved, which the governor uses for anti-windup.
-    """
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._duty = 1.0
-        self._tokens = 0.0
-        self._capacity = 0.0
-        self._last = clock.monotonic()
-        self._busy_s = 0.0
-        self._busy_mark = self._last
-
-    @property
-    def duty(self) -> float:
-        """The current duty."""
-        return self._duty
-
-    def set_duty(self, duty: float) -> None:
-        """Set the duty (clamped to [0, 1])."""
-        with self._lock:
-            self._refill(self._clock.monotonic())
-            self._duty = min(1.0, max(0.0, float(duty)))
-
-    def _refill(self, now: float) -> None:
-        self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._duty)
-        self._last = now
-
-    def delay(self, cost_s: float) -> float:
-        """Return seconds to wait before a batch of ``cost_s`` may launch (0 = now, inf = paused)."""
-        with self._lock:
-            if self._duty >= 1.0:
-                return 0.0
-            if self._duty <= 0.0:
-                return math.inf
-            now = self._clock.monotonic()
-            self._capacity = max(self._capacity, cost_s)
-            self._refill(now)
-            missing = cost_s - self._tokens
-            return 0.0 if missing <= 1e-9 else missing / self._duty
-
-    def gap(self, cost_s: float) -> float:
-        """Return the steady-state gap b(1-u)/u between batches of ``cost_s`` at the current duty."""
-        u = self._duty
-        if u >= 1.0:
-            return 0.0
-        return math.inf if u <= 0.0 else cost_s * (1.0 - u) / u
-
-    def consume(self, busy_s: float) -> None:
-        """Account one batch that kept the engine busy for ``busy_s``."""
-        with self._lock:
-            now = self._clock.monotonic()
-            self._capacity = max(self._capacity, busy_s)
-            self._refill(now)
-            self._tokens -= busy_s
-            self._busy_s += busy_s
-
-    def take_busy_fraction(self) -> float:
-        """Return the fraction of time since the last call the engine was busy, and restart the window."""
-        with self._lock:
-            now = self._clock.monotonic()
-            span = now - self._busy_mark
-            frac = self._busy_s / span if span > 0 else 0.0
-            self._busy_s = 0.0
-            self._busy_mark = now
-            return min(1.0, frac)
+    def on_worker_restart(self, reason: str) -> None:
+        """A preprocessing worker process was replaced (reason: crashed, timeout, recycle, start)."""
 
 
 class Batcher:
-    """Owns the engine thread, the slot arena and the preprocessing pool. See the module docstring."""
+    """Owns the engine thread and the slot arena's bookkeeping. See the module docstring.
+
+    Threads start in :meth:`start`, never in the constructor. ``stage_lock`` (sequential mode) is held around
+    every engine run; the worker pool holds the same lock around every frame it decodes, so nothing overlaps.
+    """
 
     def __init__(
         self,
@@ -164,6 +90,7 @@ class Batcher:
         pacer: Pacer | None = None,
         observer: BatchObserver | None = None,
         on_engine_dead: Callable[[EngineDeadError], None] | None = None,
+        arena: np.ndarray | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or BatcherConfig()
@@ -175,18 +102,19 @@ class Batcher:
         cap = self.config.queue_capacity
         if cap < self.batch_size:
             raise ConfigError(f"batcher.queue_capacity ({cap}) must be >= the model's batch size ({self.batch_size})")
-        self._arena = np.zeros((cap, *engine.item_shape), dtype=np.float32)
+        shape = (cap, *engine.item_shape)
+        if arena is not None and (arena.shape != shape or arena.dtype != np.float32):
+            raise ValueError(f"arena must be float32 {shape}, got {arena.dtype} {arena.shape}")
+        self._arena = arena if arena is not None else np.zeros(shape, dtype=np.float32)
         self._batch = np.zeros((self.batch_size, *engine.item_shape), dtype=np.float32)
         self._free: collections.deque[int] = collections.deque(range(cap))
         self._ready: list[WorkItem] = []
         self._cond = threading.Condition()
-        # frames waiting for a preprocessing worker, one queue per priority: INTERACTIVE is taken first
-        self._pending: dict[Priority, collections.deque[WorkItem]] = {p: collections.deque() for p in Priority}
         self._requests: set[Request] = set()  # admitted requests with unfinished frames
-        self._workers: list[threading.Thread] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._accepting = True
+        self.stage_lock: threading.Lock | None = None if self.config.overlap else threading.Lock()
         self.dead: EngineDeadError | None = None
         self.heartbeat = self.clock.monotonic()  # last time the engine thread made progress or idled
         self.batch_s_estimate = 0.05  # EMA of engine seconds per batch (seeded by warm-up)
@@ -195,13 +123,13 @@ class Batcher:
         self._rejected = 0
         self._unfinished = 0  # admitted frames not yet finished (running ones included)
         self._running: list[WorkItem] = []  # the batch on the engine now (engine thread only)
-        if self.config.overlap:
-            for i in range(self.config.preprocess_workers):
-                worker = threading.Thread(target=self._worker, name=f"preprocess-{i}", daemon=True)
-                worker.start()
-                self._workers.append(worker)
 
-    # ---- admission (server threads / event loop) -------------------------------------------------------
+    @property
+    def slots(self) -> np.ndarray:
+        """The slot arena, ``[queue_capacity, *item_shape]`` float32."""
+        return self._arena
+
+    # ---- admission (event loop / pool supervisor threads) -----------------------------------------------
 
     def statistics(self) -> QueueStats:
         """Return a snapshot of the inbox."""
@@ -217,8 +145,8 @@ class Batcher:
         duty = max(self.pacer.duty, 0.05)
         return batches * self.batch_s_estimate / duty
 
-    def submit(self, request: Request) -> None:
-        """Admit a request: reserve one slot per frame and schedule preprocessing.
+    def reserve(self, request: Request) -> None:
+        """Admit a request: reserve one slot per frame. Its frames then wait for a worker (ADMITTED).
 
         Raises:
             Unavailable: draining, stopped, or the engine is dead.
@@ -261,78 +189,45 @@ class Batcher:
             self._unfinished += n
             self._requests.add(request)
             self._peak = max(self._peak, cap - len(self._free))
-            if self.config.overlap:
-                self._pending[request.priority].extend(request.items)
-            else:
-                for item in request.items:
-                    item.t_ready = now
-                    self._ready.append(item)
-            self._cond.notify_all()
 
     def _reject(self, reason: str) -> None:
         with self._cond:
             self._rejected += 1
         self.observer.on_rejected(reason)
 
-    def cancel(self, request: Request, error: ApplianceError) -> None:
-        """Drop every unfinished frame of ``request`` that is not already in a running batch.
-
-        Frees their slots (a frame being written by a worker frees its slot when the worker returns). A frame
-        already inside a running batch cannot be aborted; its result is simply not awaited any more.
-        """
-        finished: list[WorkItem] = []
+    def begin_frame(self, item: WorkItem) -> bool:
+        """A worker is about to write ``item``'s slot; False if it was cancelled or expired meanwhile."""
         with self._cond:
-            for item in request.items:
-                if item.state.finished or item.state == ItemState.RUNNING:
-                    continue
-                if item.state == ItemState.READY or (item.state == ItemState.ADMITTED and not self.config.overlap):
-                    self._ready.remove(item)
-                elif item.state == ItemState.ADMITTED:
-                    self._pending[request.priority].remove(item)
-                if item.state != ItemState.PREPROCESSING:
-                    self._release(item)
-                item.state = ItemState.CANCELLED
-                item.error = error
-                finished.append(item)
-            self._cond.notify_all()
-        for item in finished:
-            self._finish(item)
+            if item.state != ItemState.ADMITTED or item.slot < 0:
+                return False
+            item.state = ItemState.PREPROCESSING
+            return True
 
-    # ---- preprocessing (worker threads) -----------------------------------------------------------------
+    def frame_ready(self, item: WorkItem, frame_info: object, preprocess_ms: float) -> None:
+        """``item``'s slot now holds its model input."""
+        item.frame_info = frame_info
+        item.preprocess_ms = preprocess_ms
+        self._settle(item, None)
 
-    def _preprocess_into_slot(self, item: WorkItem) -> ApplianceError | None:
-        req = item.request
-        t0 = self.clock.monotonic()
-        try:
-            item.frame_info = req.pipeline.run(req.instance, item.frame_index, self._arena[item.slot])
-        except ApplianceError as e:
-            return e
-        except Exception as e:  # unexpected: a bug, not bad input; logged with traceback, reported INTERNAL
-            log.exception("preprocessing failed unexpectedly for %r", item)
-            return ApplianceError(f"preprocessing failed: {type(e).__name__}")
-        finally:
-            item.preprocess_ms = (self.clock.monotonic() - t0) * 1000.0
-        return None
+    def frame_failed(self, item: WorkItem, error: ApplianceError) -> None:
+        """``item`` cannot be preprocessed (bad input, crashed or replaced worker)."""
+        self._settle(item, error)
 
-    def _worker(self) -> None:
-        """A preprocessing worker: INTERACTIVE frames first, then BATCH, oldest first within a class."""
-        while True:
-            with self._cond:
-                while not (self._stopping or any(self._pending.values())):
-                    self._cond.wait()
-                queue = next((q for q in self._pending.values() if q), None)
-                if queue is None:  # stopping and nothing left
-                    return
-                item = queue.popleft()
-                item.state = ItemState.PREPROCESSING
-            self._preprocess(item)
+    def put_tensor(self, item: WorkItem, row: np.ndarray) -> None:
+        """Write an already preprocessed model input into ``item``'s slot and mark it ready (tensor requests)."""
+        if self.begin_frame(item):
+            np.copyto(self._arena[item.slot], row, casting="same_kind")
+            self._settle(item, None)
 
-    def _preprocess(self, item: WorkItem) -> None:
-        error = self._preprocess_into_slot(item)
+    def _settle(self, item: WorkItem, error: ApplianceError | None) -> None:
         finish = False
         with self._cond:
+            if item.state.finished and item.state != ItemState.CANCELLED:
+                return
             if item.state == ItemState.CANCELLED:
-                self._release(item)  # cancel left the slot to us; already counted as finished
+                self._release(item)  # cancel left the slot to the writer; already counted as finished
+            elif item.state not in (ItemState.ADMITTED, ItemState.PREPROCESSING):
+                return
             elif self.dead is not None:  # nobody will ever run it: answer now
                 self._release(item)
                 item.state = ItemState.FAILED
@@ -349,6 +244,28 @@ class Batcher:
                 self._ready.append(item)
                 self._cond.notify_all()
         if finish:
+            self._finish(item)
+
+    def cancel(self, request: Request, error: ApplianceError) -> None:
+        """Drop every unfinished frame of ``request`` that is not already in a running batch.
+
+        Frees their slots (a frame being written by a worker frees its slot when the worker reports). A frame
+        already inside a running batch cannot be aborted; its result is simply not awaited any more.
+        """
+        finished: list[WorkItem] = []
+        with self._cond:
+            for item in request.items:
+                if item.state.finished or item.state == ItemState.RUNNING:
+                    continue
+                if item.state == ItemState.READY:
+                    self._ready.remove(item)
+                if item.state != ItemState.PREPROCESSING:
+                    self._release(item)
+                item.state = ItemState.CANCELLED
+                item.error = error
+                finished.append(item)
+            self._cond.notify_all()
+        for item in finished:
             self._finish(item)
 
     # ---- the engine thread ------------------------------------------------------------------------------
@@ -409,9 +326,14 @@ class Batcher:
             log.error("completion callback failed for %r", item.request, exc_info=e)
 
     def _expire(self, now: float) -> list[WorkItem]:
+        """Drop frames past their deadline that are ready, or admitted and not yet started by a worker."""
         expired = [i for i in self._ready if i.request.deadline is not None and now > i.request.deadline]
         for item in expired:
             self._ready.remove(item)
+        for request in self._requests:
+            if request.deadline is not None and now > request.deadline:
+                expired.extend(i for i in request.items if i.state == ItemState.ADMITTED)
+        for item in expired:
             self._release(item)
             item.state = ItemState.EXPIRED
             item.error = DeadlineExceeded("deadline passed before the frame was computed")
@@ -475,11 +397,6 @@ class Batcher:
                     return
 
     def _run_batch(self, items: list[WorkItem]) -> None:
-        if not self.config.overlap:  # sequential mode: preprocess on the engine thread, nothing overlaps
-            failed = [i for i in items if self._preprocess_failed(i)]
-            items = [i for i in items if i not in failed]
-            if not items:
-                return
         self._running = items
         n = len(items)
         np.take(self._arena, [i.slot for i in items], axis=0, out=self._batch[:n])
@@ -490,7 +407,11 @@ class Batcher:
             self._cond.notify_all()
         t0 = self.clock.monotonic()
         try:
-            outputs = self.engine.run(self._batch)
+            if self.stage_lock is not None:
+                with self.stage_lock:
+                    outputs = self.engine.run(self._batch)
+            else:
+                outputs = self.engine.run(self._batch)
         except EngineError as e:
             self._fail_batch(items, e)
             return
@@ -510,17 +431,6 @@ class Batcher:
             item.engine_ms = engine_s * 1000.0
             item.state = ItemState.DONE
             self._finish(item)
-
-    def _preprocess_failed(self, item: WorkItem) -> bool:
-        error = self._preprocess_into_slot(item)
-        if error is None:
-            return False
-        with self._cond:
-            self._release(item)
-        item.state = ItemState.FAILED
-        item.error = error
-        self._finish(item)
-        return True
 
     def _fail_batch(self, items: list[WorkItem], error: EngineError) -> None:
         if not isinstance(error, EngineDeadError):
@@ -546,8 +456,9 @@ class Batcher:
     def fail_pending(self, error: ApplianceError, requests: list[Request] | None = None) -> int:
         """Answer every admitted frame that is not in a running batch with ``error``; return how many.
 
-        Used when nothing will run for a long time (engine dead, thermal stop): an admitted request is
-        answered, never left waiting. Frames a worker is writing are answered when the worker returns.
+        Used when nothing will run for a long time (engine dead, thermal stop, shutdown): an admitted request is
+        answered, never left waiting. Frames a worker is writing are answered at once; the slot is freed when
+        the worker reports.
         """
         with self._cond:
             targets = list(self._requests) if requests is None else requests
@@ -561,6 +472,12 @@ class Batcher:
     def engine_thread_alive(self) -> bool:
         """True while the engine thread runs (loading, warming up or looping)."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def unfinished(self) -> int:
+        """Admitted frames not yet answered."""
+        with self._cond:
+            return self._unfinished
 
     def stop_accepting(self) -> None:
         """Refuse new requests (UNAVAILABLE) from now on; admitted work continues."""
@@ -580,12 +497,10 @@ class Batcher:
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the engine thread (after :meth:`drain`) and the worker pool."""
+        """Stop the engine thread (after :meth:`drain`)."""
         with self._cond:
             self._stopping = True
             self._accepting = False
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        for worker in self._workers:
-            worker.join(timeout_s)

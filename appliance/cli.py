@@ -254,6 +254,12 @@ def _cmd_thermal_sim(argv: list[str]) -> int:
     return sim_main(argv)
 
 
+def _cmd_chaos(argv: list[str]) -> int:
+    from appliance.chaos import main as chaos_main
+
+    return chaos_main(argv)
+
+
 def _cmd_models(argv: list[str]) -> int:
     from appliance.modelbuild import cli as models_cli
 
@@ -263,7 +269,7 @@ def _cmd_models(argv: list[str]) -> int:
     return models_cli.build_main(argv[1:]) if argv[0] == "build" else models_cli.eval_main(argv[1:])
 
 
-DELEGATED = {"bench": _cmd_bench, "thermal-sim": _cmd_thermal_sim, "models": _cmd_models}
+DELEGATED = {"bench": _cmd_bench, "thermal-sim": _cmd_thermal_sim, "models": _cmd_models, "chaos": _cmd_chaos}
 
 
 def _parser() -> _Parser:
@@ -321,6 +327,7 @@ def _parser() -> _Parser:
     for name, help_text in (
         ("bench", "load test: throughput, latency, overlap vs sequential (JSON report)"),
         ("thermal-sim", "run the thermal governor against the simulated GPU plant"),
+        ("chaos", "hostile inputs and crashing decoders against a real daemon; reports lost requests, restarts"),
         ("models", "build or evaluate a model: models build NAME | models eval NAME --seed S --n N --json"),
     ):
         sub.add_parser(name, help=help_text, add_help=False)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance.batcher import BatcherConfig
 from appliance.errors import ConfigError
 
 __all__ = [
@@ -28,6 +27,8 @@ __all__ = [
     "ModelConfig",
     "ServerConfig",
     "ThermalSection",
+    "BatcherConfig",
+    "WorkersConfig",
     "default_home",
     "load_config",
 ]
@@ -42,6 +43,34 @@ def default_home() -> Path:
 
 
 @dataclass(frozen=True)
+class BatcherConfig:
+    """The batcher's knobs (``[batcher]`` in the config file)."""
+
+    max_wait_s: float = 0.005  # how long the oldest ready item may wait for partners while the engine idles
+    # Slots in the inbox. 64 frames = 8 batches of 8: at ~50 ms per CPU batch that is ~0.4 s of work, so a
+    # full inbox still drains well inside an interactive client's deadline, while a series upload of a few
+    # dozen slices is admitted whole. Each slot holds one model input (256 KiB at 1x256x256 float32).
+    queue_capacity: int = 64
+    overlap: bool = True  # preprocess in the worker processes while the engine runs; False = sequential (bench)
+    # Preprocessing worker processes; 0 = auto: the cores left after the engine's intra-op threads, at least 2
+    # (two, so one slow or hostile input never holds up every other request while it runs out its budget).
+    preprocess_workers: int = 0
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    """``[workers]``: the supervised preprocessing worker processes (docs/robustness.md)."""
+
+    step_timeout_s: float = 10.0  # budget of one parse or one frame decode; past it the worker is killed
+    memory_bytes: int = 2 << 30  # address space a worker may add after start-up (RLIMIT_AS); over -> MemoryError
+    recycle_rss_bytes: int = 1 << 30  # a worker whose RSS passes this after a request is replaced
+    start_timeout_s: float = 60.0  # a new worker must report ready within this
+    # Niceness added to workers: when decoding saturates the cores, the engine thread (the critical path) and
+    # the event loop (health checks, admission) still get the CPU first; decoding fills the slots ahead of it.
+    nice: int = 5
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """``[server]``: where and how the gRPC daemon listens."""
 
@@ -49,7 +78,11 @@ class ServerConfig:
     max_message_bytes: int = 64 << 20  # largest accepted request (DoS bound); larger -> RESOURCE_EXHAUSTED
     reflection: bool = True  # gRPC server reflection
     grace_s: float = 10.0  # on SIGTERM: finish in-flight work within this, then exit 0
-    default_deadline_s: float = 0.0  # deadline applied when the client sends none (0 = none)
+    # Deadline applied when the client sends none. Never "forever": a wedged stage must not hold a request.
+    default_deadline_s: float = 30.0
+    inflight_bytes: int = 256 << 20  # DICOM bytes of all unanswered requests together; over -> RESOURCE_EXHAUSTED
+    max_concurrent_rpcs: int = 1024  # gRPC's own cap on concurrent RPCs (health included); a safety net
+    stall_s: float = 15.0  # a stage with work and no progress for this long: NOT_SERVING, watchdog withheld
 
 
 @dataclass(frozen=True)
@@ -81,6 +114,8 @@ class DicomConfig:
     max_pixels_per_frame: int = 4096 * 4096
     max_frames: int = 512
     max_decoded_bytes: int = 1 << 30
+    max_inflated_bytes: int = 256 << 20  # a Deflated Explicit VR LE dataset, inflated
+    max_items: int = 100_000  # sequence items in one dataset (a parse-time bomb bound)
 
 
 @dataclass(frozen=True)
@@ -109,6 +144,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
     dicom: DicomConfig = field(default_factory=DicomConfig)
     thermal: ThermalSection = field(default_factory=ThermalSection)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -161,13 +197,22 @@ def _validate(cfg: Config) -> None:
     checks = [
         (cfg.server.max_message_bytes > 0, "server.max_message_bytes must be > 0"),
         (cfg.server.grace_s >= 0, "server.grace_s must be >= 0"),
-        (cfg.server.default_deadline_s >= 0, "server.default_deadline_s must be >= 0"),
+        (cfg.server.default_deadline_s > 0, "server.default_deadline_s must be > 0"),
+        (cfg.server.inflight_bytes >= cfg.server.max_message_bytes,
+         "server.inflight_bytes must be >= server.max_message_bytes"),
+        (cfg.server.stall_s > 0, "server.stall_s must be > 0"),
+        (cfg.server.max_concurrent_rpcs >= 16, "server.max_concurrent_rpcs must be >= 16"),
+        (cfg.workers.step_timeout_s > 0, "workers.step_timeout_s must be > 0"),
+        (0 <= cfg.workers.nice <= 19, "workers.nice must be 0 .. 19"),
+        (cfg.workers.memory_bytes >= 64 << 20, "workers.memory_bytes must be >= 67108864 (64 MiB)"),
+        (cfg.dicom.max_inflated_bytes > 0, "dicom.max_inflated_bytes must be > 0"),
+        (cfg.dicom.max_items >= 1, "dicom.max_items must be >= 1"),
         (cfg.metrics.window >= 1, "metrics.window must be >= 1"),
         (cfg.engine.warmup_runs >= 0, "engine.warmup_runs must be >= 0"),
         (len(cfg.server.listen) > 0, "server.listen must name at least one address"),
         (cfg.batcher.max_wait_s >= 0, "batcher.max_wait_s must be >= 0"),
         (cfg.batcher.queue_capacity >= 1, "batcher.queue_capacity must be >= 1"),
-        (cfg.batcher.preprocess_workers >= 1, "batcher.preprocess_workers must be >= 1"),
+        (0 <= cfg.batcher.preprocess_workers <= 64, "batcher.preprocess_workers must be 0 (auto) .. 64"),
         (cfg.engine.intra_op_threads >= 1, "engine.intra_op_threads must be >= 1"),
         (cfg.thermal.sensor in ("auto", "nvml", "none", "sim"), "thermal.sensor must be auto, nvml, none or sim"),
         (cfg.thermal.period_s > 0, "thermal.period_s must be > 0"),

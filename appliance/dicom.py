@@ -38,12 +38,13 @@ import pydicom
 from pydicom import uid as _uid
 from pydicom.datadict import dictionary_description, tag_for_keyword
 from pydicom.dataset import Dataset
-from pydicom.encaps import parse_basic_offsets, parse_fragments
+from pydicom.encaps import get_frame, parse_basic_offsets, parse_fragments
 from pydicom.errors import InvalidDicomError
 from pydicom.filereader import _read_file_meta_info, read_preamble
 from pydicom.pixels import get_decoder
 from pydicom.pixels.processing import apply_modality_lut
 
+from appliance.codestream import FrameGeometry, StreamError, check_frame, stream_kind
 from appliance.errors import DicomError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
 
 __all__ = [
@@ -100,6 +101,7 @@ _PHOTOMETRIC_SAMPLES = {
 # SOP classes that carry pixel data although their names do not say "Image".
 _PIXEL_CLASS_WORDS = ("Image", "Segmentation", "RT Dose", "Parametric Map")
 _PARSE_LOCK = threading.Lock()
+_ITEM_TAG = b"\xfe\xff\x00\xe0"  # (FFFE,E000) Item, little endian
 _FLOAT32_MAX = float(np.finfo(np.float32).max)  # the pipelines compute in float32
 
 
@@ -128,6 +130,8 @@ class DicomLimits:
     max_pixels_per_frame: int = 4096 * 4096  # Rows x Columns
     max_frames: int = 512  # Number of Frames
     max_decoded_bytes: int = 1 << 30  # all frames, all samples, at the decoded item size
+    max_inflated_bytes: int = 256 << 20  # a deflated dataset, inflated (counted in chunks, never held)
+    max_items: int = 100_000  # sequence items (and pixel fragments) in the dataset: a parse-time bomb bound
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -228,13 +232,16 @@ class DicomInstance:
         """
         if not 0 <= index < self.number_of_frames:
             raise IndexError(f"frame index {index} out of range for {self.number_of_frames} frame(s)")
+        self._check_stream(index)
         decoder = get_decoder(self.transfer_syntax_uid)
         plugin = "" if self.decoding_plugin == NATIVE else self.decoding_plugin
         try:
             arr, props = decoder.as_array(
                 self._pixels, index=index, validate=True, raw=raw, decoding_plugin=plugin, **self._opts
             )
-        except Exception as e:  # noqa: BLE001 - any failure past validation is about the encoded bytes
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a Rust panic (pyo3 PanicException) is a BaseException too
             raise DicomError(
                 f"cannot decode frame {index} of {tag_name('PixelData')} with transfer syntax "
                 f"{_ts_label(self.transfer_syntax_uid)} using plugin {self.decoding_plugin!r}: "
@@ -249,6 +256,28 @@ class DicomInstance:
                 field="dicom.PixelData",
             )
         return arr, str(props.get("photometric_interpretation", self.photometric))
+
+    def _check_stream(self, index: int) -> None:
+        """Check frame ``index``'s codestream header against the DICOM header before any decoder runs."""
+        if stream_kind(self.transfer_syntax_uid) is None:
+            return
+        try:
+            frame = get_frame(self._pixels, index, number_of_frames=self.number_of_frames,
+                              extended_offsets=self._opts.get("extended_offsets"))
+            check_frame(self.transfer_syntax_uid, frame, FrameGeometry(
+                self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored))
+        except StreamError as e:
+            raise DicomError(
+                f"{tag_name('PixelData')} frame {index} ({_ts_label(self.transfer_syntax_uid)}): {e}",
+                field="dicom.PixelData",
+            ) from None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - malformed fragments
+            raise DicomError(
+                f"cannot locate frame {index} in {tag_name('PixelData')}: {type(e).__name__}: {_first_line(e)}",
+                field="dicom.PixelData",
+            ) from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -348,11 +377,20 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
     _check_syntax(str(ts))
     if ts == _uid.DeflatedExplicitVRLittleEndian:
         _check_deflate(data[fp.tell():], limits)
+    else:
+        big = data.count(b"\xff\xfe\xe0\x00") if ts == _uid.ExplicitVRBigEndian else 0
+        _check_items(data.count(_ITEM_TAG) + big, limits)
     try:
         ds = pydicom.dcmread(io.BytesIO(data), force=False)
     except InvalidDicomError as e:
         raise DicomError(f"not a valid DICOM file: {_first_line(e)}") from e
-    except Exception as e:  # noqa: BLE001 - pydicom raises many types on malformed input
+    except MemoryError:
+        raise
+    except RecursionError:
+        raise LimitExceeded("sequences are nested too deeply to parse", field="dicom") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
     return ds
 
@@ -374,19 +412,45 @@ def _check_syntax(ts: str) -> None:
         )
 
 
+def _check_items(count: int, limits: DicomLimits) -> None:
+    """Refuse a dataset with more item tags than ``max_items`` before pydicom parses it (a 27 KB deflated file
+    with 400,000 tiny sequence items takes seconds to parse). Counting the byte pattern is an upper bound."""
+    if count > limits.max_items:
+        raise LimitExceeded(
+            f"the dataset holds {count} sequence items (FFFE,E000), over the limit max_items={limits.max_items}",
+            field="dicom",
+        )
+
+
 def _check_deflate(body: bytes, limits: DicomLimits) -> None:
-    """Inflate a deflated body with a bound first: pydicom's own inflate is unbounded (a zip bomb)."""
-    bound = limits.max_decoded_bytes + limits.max_bytes
+    """Inflate a deflated body in chunks, counting bytes and item tags and keeping nothing.
+
+    pydicom's own inflate is unbounded (a 523 KB file can carry a 512 MiB element), so the size is proven
+    within ``max_inflated_bytes`` first; pydicom inflates it again only after that.
+    """
+    bound = limits.max_inflated_bytes
     inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    size = items = 0
+    tail = b""
+    pending = body
     try:
-        size = len(inflater.decompress(body, bound + 1))
+        while pending or not inflater.eof:
+            chunk = inflater.decompress(pending, 1 << 20)
+            pending = inflater.unconsumed_tail
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > bound:
+                raise LimitExceeded(
+                    f"deflated dataset inflates to more than {bound} bytes (limit max_inflated_bytes={bound})",
+                    field="dicom",
+                )
+            joined = tail + chunk
+            items += joined.count(_ITEM_TAG) - tail.count(_ITEM_TAG)
+            tail = joined[-3:]
     except zlib.error as e:
         raise DicomError(f"deflated dataset does not inflate: {e}") from e
-    if size > bound:
-        raise LimitExceeded(
-            f"deflated dataset inflates to more than {bound} bytes "
-            f"(max_decoded_bytes={limits.max_decoded_bytes} + max_bytes={limits.max_bytes})"
-        )
+    _check_items(items, limits)
 
 
 def _is_pixel_class(sop_class: str) -> bool:

@@ -95,6 +95,11 @@ class Metrics(BatchObserver):
         self.thermal_sensor_errors = Gauge(
             "appliance_thermal_sensor_errors", "Sensor read errors since start", registry=r
         )
+        self.worker_restarts = Counter(
+            "appliance_decoder_worker_restarts", "Preprocessing worker processes replaced, by reason", ["reason"],
+            registry=r,
+        )
+        self.restarts_total = 0
         self.windows = {stage: SlidingWindow(window) for stage in self.STAGES}
         self.fill = SlidingWindow(512)
         self._codes: collections.Counter[str] = collections.Counter()
@@ -121,6 +126,12 @@ class Metrics(BatchObserver):
     def on_rejected(self, reason: str) -> None:
         """Record one refused admission."""
         self.rejections.labels(reason).inc()
+
+    def on_worker_restart(self, reason: str) -> None:
+        """Record one replaced preprocessing worker."""
+        self.worker_restarts.labels(reason).inc()
+        with self._lock:
+            self.restarts_total += 1
 
     def observe_thermal(self, snap: Any) -> None:
         """Export a thermal snapshot (appliance.thermal_control.ThermalStatus)."""

@@ -1,9 +1,10 @@
-"""gRPC servicers: ``appliance.v1.Inference`` (Analyze, AnalyzeStream, GetStatus). Health and reflection are
-registered by :mod:`appliance.app`.
+"""gRPC servicer ``appliance.v1.Inference`` (Analyze, AnalyzeStream, GetStatus): protobuf in and out only.
 
-Handlers only validate, admit and await a future; they never block the event loop (DICOM parsing runs in a
-small executor). Every error leaves as the gRPC status of its :mod:`appliance.errors` class, with
-``google.rpc`` details (ErrorInfo, BadRequest, RetryInfo); bad input never gets INTERNAL.
+The request path itself is :meth:`appliance.analyze.RequestPath.analyze`; this module translates an
+``AnalyzeRequest`` into a call on the :class:`~appliance.analyze.Analyzer` protocol and an
+:class:`~appliance.analyze.Analysis` back into an ``AnalyzeResponse``. Every error leaves as the gRPC status of
+its :mod:`appliance.errors` class, with ``google.rpc`` details (ErrorInfo, BadRequest, RetryInfo); bad input
+never gets INTERNAL. Health and reflection are registered by :mod:`appliance.app`.
 """
 
 from __future__ import annotations
@@ -11,21 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from appliance.errors import ApplianceError, InputError, Overloaded, Unavailable, UnknownPipeline
+from appliance.analyze import Analysis, RequestPath
+from appliance.errors import ApplianceError, InputError
+from appliance.metrics import Metrics
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.work import Priority, Request
-
-if TYPE_CHECKING:
-    from appliance.app import App
+from appliance.work import Priority
 
 __all__ = ["InferenceServicer", "error_status"]
 
@@ -77,73 +77,33 @@ class _FrameWindow:
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    """``appliance.v1.Inference`` over an :class:`~appliance.app.App`."""
+    """``appliance.v1.Inference`` over a :class:`~appliance.analyze.RequestPath`."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
-
-    # ---- the one analyze path ---------------------------------------------------------------------------
-
-    async def _analyze(
+    def __init__(
         self,
-        req: pb.AnalyzeRequest,
-        time_remaining: float | None,
-        t0: float,
-        admit: Callable[[int], Awaitable[None]] | None = None,
-    ) -> pb.AnalyzeResponse:
-        app = self.app
-        app.check_admitting()
-        name = req.pipeline or app.default_pipeline
-        pipeline = app.pipelines.get(name)
-        if pipeline is None:
-            raise UnknownPipeline(f"unknown pipeline {name!r}; loaded: {sorted(app.pipelines)}", field="pipeline")
-        if len(req.dicom) > app.config.server.max_message_bytes:
-            raise Overloaded(
-                f"request of {len(req.dicom)} bytes exceeds server.max_message_bytes = "
-                f"{app.config.server.max_message_bytes}",
-                retry_after_s=None,
-                reason="MESSAGE_TOO_LARGE",
-            )
-        if time_remaining is None and app.config.server.default_deadline_s > 0:
-            time_remaining = app.config.server.default_deadline_s
-        deadline = None if time_remaining is None else t0 + time_remaining  # the client's, not after parsing
-        loop = asyncio.get_running_loop()
-        instance = await loop.run_in_executor(app.parse_executor, app.parse_dicom, req.dicom)
-        pipeline.check(instance)
-        if admit is not None:
-            await admit(instance.number_of_frames)
-        future: asyncio.Future[Request] = loop.create_future()
+        path: RequestPath,
+        metrics: Metrics,
+        status: Callable[[], pb.Status],
+        *,
+        stream_window: int,
+        log_uid: Callable[[str], str] = lambda uid: "-",
+    ) -> None:
+        self.path = path
+        self.metrics = metrics
+        self.status = status  # GetStatus
+        self.stream_window = stream_window  # frames one stream may have admitted at once
+        self.log_uid = log_uid  # how a SOP Instance UID may appear in a log line (hashed)
 
-        def resolve(r: Request) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(r))
+    def _model_pb(self) -> pb.Model:
+        m = self.path.model
+        return pb.Model(name=m.name, version=m.version, precision=m.precision, backend=m.backend,
+                        batch_size=m.batch_size)
 
-        request = Request(
-            request_id=req.request_id or uuid.uuid4().hex,
-            instance=instance,
-            pipeline=pipeline,
-            priority=Priority(req.priority) if req.priority in (0, 1) else Priority.BATCH,
-            deadline=deadline,
-            t_admit=app.clock.monotonic(),
-            n_frames=instance.number_of_frames,
-            on_done=resolve,
-        )
-        app.batcher.submit(request)
-        try:
-            await future
-        except asyncio.CancelledError:
-            app.batcher.cancel(request, Unavailable("client cancelled", reason="CANCELLED"))
-            raise
-        if request.error is not None:
-            raise request.error
-        return self._response(request, name, t0)
-
-    def _response(self, request: Request, pipeline_name: str, t0: float) -> pb.AnalyzeResponse:
-        app = self.app
+    def _response(self, a: Analysis) -> pb.AnalyzeResponse:
         frames = []
-        for item in request.items:
-            f = app.postprocess(item.outputs or {}, item.frame_info)
+        for f in a.frames:
             frame = pb.FrameResult(
-                frame_index=item.frame_index,
+                frame_index=f.frame_index,
                 findings=[
                     pb.Finding(label=f.label, score=f.scores[f.label]),
                     *(pb.Finding(label=k, score=v) for k, v in f.scores.items() if k != f.label),
@@ -152,47 +112,46 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             if f.location is not None:
                 frame.location.CopyFrom(pb.Location(row=f.location[0], column=f.location[1], score=f.location[2]))
             frames.append(frame)
-        items = request.items
-        timings = pb.Timings(
-            queue_ms=max(((i.t_launch or 0) - (i.t_ready or 0)) * 1000.0 for i in items),
-            preprocess_ms=sum(i.preprocess_ms for i in items),
-            engine_ms=max(i.engine_ms for i in items),
-            total_ms=(app.clock.monotonic() - t0) * 1000.0,
-        )
         return pb.AnalyzeResponse(
-            request_id=request.request_id,
-            sop_instance_uid=str(request.instance.sop_instance_uid),
-            pipeline=pipeline_name,
-            model=app.model_pb(),
+            request_id=a.request_id,
+            sop_instance_uid=a.sop_instance_uid,
+            pipeline=a.pipeline,
+            model=self._model_pb(),
             frames=frames,
-            timings=timings,
+            timings=pb.Timings(queue_ms=a.queue_ms, preprocess_ms=a.preprocess_ms, engine_ms=a.engine_ms,
+                               total_ms=a.total_ms),
             status=pb.ItemStatus(code=0, message="OK"),
         )
 
-    def _finish(self, code: grpc.StatusCode, t0: float, response: pb.AnalyzeResponse | None = None) -> None:
-        total = self.app.clock.monotonic() - t0
-        self.app.metrics.count_request(code.name, total if code == grpc.StatusCode.OK else None)
-        if response is not None:
-            log.info(
-                "Analyze %s sop=%s frames=%d total=%.1fms",
-                response.request_id,
-                response.sop_instance_uid,
-                len(response.frames),
-                response.timings.total_ms,
-            )
+    def _finish(self, code: grpc.StatusCode, t0: float, analysis: Analysis | None = None) -> None:
+        total = self.path.clock.monotonic() - t0
+        self.metrics.count_request(code.name, total if code == grpc.StatusCode.OK else None)
+        if analysis is not None:
+            log.info("Analyze %s uid=%s frames=%d total=%.1fms", analysis.request_id,
+                     self.log_uid(analysis.sop_instance_uid), len(analysis.frames), analysis.total_ms)
 
     @staticmethod
-    def _unexpected(e: Exception) -> ApplianceError:
+    def _unexpected(e: BaseException) -> ApplianceError:
         log.error("unexpected error in Analyze", exc_info=e)
         return ApplianceError(f"internal error: {type(e).__name__}")
+
+    @staticmethod
+    def _priority(req: pb.AnalyzeRequest) -> Priority:
+        return Priority(req.priority) if req.priority in (0, 1) else Priority.BATCH
 
     # ---- RPCs -------------------------------------------------------------------------------------------
 
     async def Analyze(self, request: pb.AnalyzeRequest, context: grpc.aio.ServicerContext) -> pb.AnalyzeResponse:  # noqa: N802
         """Analyze one DICOM instance."""
-        t0 = self.app.clock.monotonic()
+        t0 = self.path.clock.monotonic()
         try:
-            response = await self._analyze(request, context.time_remaining(), t0)
+            analysis = await self.path.analyze(
+                request.dicom,
+                request_id=request.request_id,
+                pipeline=request.pipeline,
+                priority=self._priority(request),
+                time_remaining=context.time_remaining(),
+            )
         except asyncio.CancelledError:
             self._finish(grpc.StatusCode.CANCELLED, t0)
             raise
@@ -205,28 +164,26 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             self._finish(err.code, t0)
             await context.abort_with_status(rpc_status.to_status(error_status(err)))
             raise AssertionError("unreachable") from None
-        self._finish(grpc.StatusCode.OK, t0, response)
-        return response
+        self._finish(grpc.StatusCode.OK, t0, analysis)
+        return self._response(analysis)
 
     async def AnalyzeStream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.AnalyzeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.AnalyzeResponse]:
         """Analyze many instances; reply as each completes. Per-item failures go in the item's status.
 
-        The stream applies backpressure instead of rejecting: at most half the inbox (at least one batch) of
-        its *frames* are admitted at once, so a client streaming a whole series never sees QUEUE_FULL because
-        of its own earlier items; gRPC flow control then slows the client down.
+        The stream applies backpressure instead of rejecting: at most ``stream_window`` of its *frames* are
+        admitted at once (and its payload bytes wait for the in-flight budget), so a client streaming a whole
+        series never sees QUEUE_FULL because of its own earlier items; gRPC flow control slows the client down.
         """
-        app = self.app
-        window = _FrameWindow(max(app.batcher.batch_size, app.config.batcher.queue_capacity // 2))
-        requests_in_flight = asyncio.Semaphore(2 * window.size)  # bounds memory held by parsed requests
+        window = _FrameWindow(self.stream_window)
+        requests_in_flight = asyncio.Semaphore(2 * window.size)  # bounds payload bytes held by one stream
         out: asyncio.Queue[pb.AnalyzeResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(req: pb.AnalyzeRequest) -> None:
-            t0 = app.clock.monotonic()
+            t0 = self.path.clock.monotonic()
             rid = req.request_id or uuid.uuid4().hex
-            req.request_id = rid
             held = 0
 
             async def admit(n_frames: int) -> None:
@@ -234,20 +191,25 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 held = await window.acquire(n_frames)
 
             try:
-                response = await self._analyze(req, context.time_remaining(), t0, admit)
-                self._finish(grpc.StatusCode.OK, t0, response)
+                analysis = await self.path.analyze(
+                    req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
+                    time_remaining=context.time_remaining(), admit_frames=admit, wait_for_budget=True,
+                )
+                self._finish(grpc.StatusCode.OK, t0, analysis)
+                response = self._response(analysis)
             except ApplianceError as e:
                 self._finish(e.code, t0)
-                item_status = pb.ItemStatus(code=e.code.value[0], message=str(e))
-                response = pb.AnalyzeResponse(request_id=rid, status=item_status)
+                safe_rid = rid if not isinstance(e, InputError) or e.field != "request_id" else ""
+                response = pb.AnalyzeResponse(request_id=safe_rid,
+                                              status=pb.ItemStatus(code=e.code.value[0], message=str(e)))
             except asyncio.CancelledError:
                 self._finish(grpc.StatusCode.CANCELLED, t0)
                 raise
             except Exception as e:  # noqa: BLE001
                 err = self._unexpected(e)
                 self._finish(err.code, t0)
-                item_status = pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err))
-                response = pb.AnalyzeResponse(request_id=rid, status=item_status)
+                response = pb.AnalyzeResponse(request_id=rid,
+                                              status=pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err)))
             finally:
                 if held:
                     await window.release(held)
@@ -277,4 +239,4 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:  # noqa: N802
         """Return the detailed status."""
-        return self.app.status_pb()
+        return self.status()

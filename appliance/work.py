@@ -52,7 +52,7 @@ class WorkItem:
     t_launch: float | None = None  # monotonic time its batch launched
     preprocess_ms: float = 0.0  # decode + preprocess time of this frame
     engine_ms: float = 0.0  # engine time of the batch that carried it
-    frame_info: Any = None  # what the pipeline returned (geometry for mapping the heatmap back)
+    frame_info: Any = None  # the worker's appliance.preprocess.FrameInfo (geometry for mapping outputs back)
     outputs: dict[str, np.ndarray] | None = None  # this item's rows of each engine output
     error: ApplianceError | None = None
 
@@ -65,19 +65,20 @@ class WorkItem:
 
 @dataclass(eq=False)
 class Request:
-    """One admitted Analyze request: one instance, one pipeline, one or more frames.
+    """One request: one DICOM instance (or one tensor), one pipeline, one or more frames.
 
-    ``on_done`` is called exactly once, from whichever thread finishes the last frame; the server uses it to
-    resolve an asyncio future with ``loop.call_soon_threadsafe``.
+    The daemon never holds the parsed dataset: a worker process parses it and sends back only the frame count
+    and the SOP Instance UID (:meth:`set_frames`). ``on_done`` is called exactly once, from whichever thread
+    finishes the last frame; the request path uses it to resolve an asyncio future.
     """
 
-    request_id: str  # client-supplied or server-assigned id
-    instance: Any  # appliance.dicom.DicomInstance (or any object with sop_instance_uid and decode_frame)
-    pipeline: Any  # appliance.preprocess.Pipeline
+    request_id: str  # client-supplied (validated) or server-assigned id
+    pipeline: str  # pipeline name ("" for tensor requests)
     priority: Priority  # INTERACTIVE before BATCH
     deadline: float | None  # monotonic; None = no deadline
-    t_admit: float  # monotonic time of admission
-    n_frames: int  # frames to compute
+    t_admit: float  # monotonic time the request arrived
+    n_frames: int = 0  # frames to compute; 0 until the worker has parsed the instance
+    sop_instance_uid: str = ""  # from the worker; never logged raw
     on_done: Callable[[Request], None] | None = None  # completion callback (any thread)
     items: list[WorkItem] = field(default_factory=list)
     _remaining: int = 0
@@ -85,15 +86,19 @@ class Request:
     _done_called: bool = False
 
     def __post_init__(self) -> None:
-        self.items = [WorkItem(request=self, frame_index=i) for i in range(self.n_frames)]
-        self._remaining = self.n_frames
+        if self.n_frames:
+            self.set_frames(self.n_frames)
+
+    def set_frames(self, n_frames: int, sop_instance_uid: str = "") -> None:
+        """Create the request's frames (once its instance is parsed)."""
+        self.n_frames = n_frames
+        if sop_instance_uid:
+            self.sop_instance_uid = sop_instance_uid
+        self.items = [WorkItem(request=self, frame_index=i) for i in range(n_frames)]
+        self._remaining = n_frames
 
     def __repr__(self) -> str:
-        uid = getattr(self.instance, "sop_instance_uid", "?")
-        return (
-            f"Request(id={self.request_id!r}, sop_instance_uid={uid!r}, frames={self.n_frames}, "
-            f"priority={self.priority.name})"
-        )
+        return f"Request(id={self.request_id!r}, frames={self.n_frames}, priority={self.priority.name})"
 
     @property
     def finished(self) -> bool:

@@ -127,6 +127,62 @@ class StubPipeline:
             self.calls.append((t0, time.monotonic()))
 
 
+class Feeder:
+    """Stands in for the worker pool in batcher tests: threads run a stub pipeline into the batcher's slots.
+
+    Frames are taken INTERACTIVE first, oldest first, and reported through the batcher's pool interface
+    (``begin_frame`` / ``frame_ready`` / ``frame_failed``), holding ``stage_lock`` in sequential mode.
+    """
+
+    def __init__(self, batcher, workers: int = 1) -> None:  # noqa: ANN001
+        import collections
+
+        from appliance.work import Priority
+
+        self.batcher = batcher
+        self._cond = threading.Condition()
+        self._queues = {p: collections.deque() for p in Priority}
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def feed(self, request, instance, pipeline) -> None:  # noqa: ANN001
+        with self._cond:
+            self._queues[request.priority].extend((item, instance, pipeline) for item in request.items)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        import contextlib
+
+        from appliance.errors import ApplianceError
+
+        while True:
+            with self._cond:
+                while not self._stopping and not any(self._queues.values()):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                item, inst, pipe = next(q for q in self._queues.values() if q).popleft()
+            if not self.batcher.begin_frame(item):
+                continue
+            lock = self.batcher.stage_lock or contextlib.nullcontext()
+            with lock:
+                try:
+                    info = pipe.run(inst, item.frame_index, self.batcher.slots[item.slot])
+                except ApplianceError as e:
+                    self.batcher.frame_failed(item, e)
+                    continue
+            self.batcher.frame_ready(item, info, 0.1)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(2)
+
+
 class RunningApp:
     """An App serving on loopback from its own event-loop thread; tests use sync gRPC clients."""
 

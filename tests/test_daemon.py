@@ -123,3 +123,71 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path: Path, bad: str) -> None:
     )
     assert proc.returncode == 1
     assert "batcher.max_wiat_s" in proc.stderr
+
+
+def test_sigterm_under_load_answers_every_request_and_exits_0(tmp_path: Path) -> None:
+    """16 clients in flight (queued, parsing, preprocessing, one worker stuck in a spinning decoder): SIGTERM.
+    Every call ends with its result or UNAVAILABLE, never CANCELLED, and the daemon exits 0 within grace."""
+    import concurrent.futures
+    import threading
+
+    from appliance.chaos import fault_case
+
+    port = _port()
+    cfg = _config(tmp_path, port, engine_options="latency_s = 0.05")
+    text = cfg.read_text().replace("grace_s = 5.0", "grace_s = 3.0")
+    cfg.write_text(text + "[workers]\nstep_timeout_s = 30.0\n")
+    notify = FakeNotifySocket()
+    env = {**os.environ, "NOTIFY_SOCKET": notify.address, "APPLIANCE_TEST_DECODER_FAULTS": "1"}
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)], env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        assert notify.wait_for("READY=1", timeout=60), log_path.read_text()[-2000:]
+        valid = synthetic.to_dicom(synthetic.generate_slice(5, size=512), transfer_syntax="1.2.840.10008.1.2.4.90")
+        spin = fault_case("spin").data
+        codes: list[str] = []
+        stuck: list[str] = []  # the request whose worker spins: still unanswered at the end of grace
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def client(i: int) -> None:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = pb_grpc.InferenceStub(ch)
+                while not stop.is_set():
+                    data = spin if i == 0 else valid
+                    try:
+                        stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30)
+                        code = "OK"
+                    except grpc.RpcError as e:
+                        code = e.code().name
+                    with lock:
+                        codes.append(code)
+                        if i == 0:
+                            stuck.append(code)
+                    if i == 0 or code != "OK":
+                        return
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(client, i) for i in range(16)]
+            wait_until = time.monotonic() + 30
+            while time.monotonic() < wait_until and codes.count("OK") < 16:
+                time.sleep(0.05)  # the load is flowing: requests are queued, parsing and preprocessing
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(20)
+            elapsed = time.monotonic() - t0
+            stop.set()
+            for f in futures:
+                f.result(30)
+        assert rc == 0, log_path.read_text()[-3000:]
+        assert elapsed < 3.0 + 5.0, elapsed
+        assert "CANCELLED" not in codes, codes
+        assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+        assert codes.count("OK") >= 16
+        assert stuck == ["UNAVAILABLE"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        notify.close()

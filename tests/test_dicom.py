@@ -194,7 +194,7 @@ def test_deflate_bomb_is_bounded_before_pydicom_inflates_it():
     data = to_bytes(ds)
     assert len(data) < 16 << 10
     with pytest.raises(LimitExceeded, match="deflated"):
-        parse(data, DicomLimits(max_bytes=16 << 10, max_decoded_bytes=64 << 10))
+        parse(data, DicomLimits(max_bytes=16 << 10, max_inflated_bytes=64 << 10))
     assert parse(data).rows == 1024
 
 

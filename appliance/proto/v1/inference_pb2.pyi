@@ -143,7 +143,7 @@ class Thermal(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., state: _Optional[str] = ..., temperature_c: _Optional[float] = ..., duty: _Optional[float] = ..., seconds_above_limit: _Optional[float] = ..., sensor_errors: _Optional[int] = ..., power_w: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("state", "uptime_s", "model", "queue_depth", "queue_capacity", "latency_ms", "batch_fill", "status_counts", "thermal", "version", "batches", "degraded_reasons", "pipelines", "default_pipeline")
+    __slots__ = ("state", "uptime_s", "model", "queue_depth", "queue_capacity", "latency_ms", "batch_fill", "status_counts", "thermal", "version", "batches", "degraded_reasons", "pipelines", "default_pipeline", "worker_restarts", "workers")
     class LatencyMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,8 @@ class Status(_message.Message):
     DEGRADED_REASONS_FIELD_NUMBER: _ClassVar[int]
     PIPELINES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     state: str
     uptime_s: float
     model: Model
@@ -186,4 +188,6 @@ class Status(_message.Message):
     degraded_reasons: _containers.RepeatedScalarFieldContainer[str]
     pipelines: _containers.RepeatedScalarFieldContainer[str]
     default_pipeline: str
-    def __init__(self, state: _Optional[str] = ..., uptime_s: _Optional[float] = ..., model: _Optional[_Union[Model, _Mapping]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., latency_ms: _Optional[_Mapping[str, Percentiles]] = ..., batch_fill: _Optional[float] = ..., status_counts: _Optional[_Mapping[str, int]] = ..., thermal: _Optional[_Union[Thermal, _Mapping]] = ..., version: _Optional[str] = ..., batches: _Optional[int] = ..., degraded_reasons: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[str]] = ..., default_pipeline: _Optional[str] = ...) -> None: ...
+    worker_restarts: int
+    workers: int
+    def __init__(self, state: _Optional[str] = ..., uptime_s: _Optional[float] = ..., model: _Optional[_Union[Model, _Mapping]] = ..., queue_depth: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., latency_ms: _Optional[_Mapping[str, Percentiles]] = ..., batch_fill: _Optional[float] = ..., status_counts: _Optional[_Mapping[str, int]] = ..., thermal: _Optional[_Union[Thermal, _Mapping]] = ..., version: _Optional[str] = ..., batches: _Optional[int] = ..., degraded_reasons: _Optional[_Iterable[str]] = ..., pipelines: _Optional[_Iterable[str]] = ..., default_pipeline: _Optional[str] = ..., worker_restarts: _Optional[int] = ..., workers: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,386 @@
+"""The one request path, readable top to bottom in :meth:`RequestPath.analyze`.
+
+    check admitting -> check pipeline and size -> take the in-flight byte budget -> a worker process parses,
+    validates and checks the pipeline (the daemon never holds the dataset) -> admit: reserve one slot per frame
+    -> the worker decodes each frame straight into its slot -> the batcher runs fixed batches on the engine
+    thread -> postprocess -> :class:`Analysis`
+
+Every gRPC servicer (``appliance.v1``, the Open Inference Protocol) only translates protobuf to and from this
+module, through the small :class:`Analyzer` protocol. Every admitted request is answered: with its result, or
+with an :class:`~appliance.errors.ApplianceError` (deadline, queue full, draining, a decoder that crashed), never
+left waiting. On shutdown :meth:`RequestPath.fail_all` answers whatever is left UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from appliance.batcher import Batcher
+from appliance.clock import Clock
+from appliance.errors import (
+    ApplianceError,
+    DeadlineExceeded,
+    InputError,
+    Overloaded,
+    Unavailable,
+    UnknownPipeline,
+)
+from appliance.postprocess import Postprocessor
+from appliance.work import Priority, Request, WorkItem
+from appliance.workers.pool import Job, WorkerPool
+
+__all__ = ["Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits", "RequestPath"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model, as clients see it."""
+
+    name: str
+    version: str
+    precision: str
+    backend: str  # what actually runs, e.g. "onnxruntime:CPUExecutionProvider"
+    batch_size: int  # fixed B
+    input_name: str
+    item_shape: tuple[int, ...]  # one item, float32
+    outputs: tuple[tuple[str, tuple[int, ...]], ...]  # (name, per-item shape), float32
+
+
+@dataclass(frozen=True)
+class FrameAnalysis:
+    """One frame's result."""
+
+    frame_index: int
+    outputs: dict[str, np.ndarray]  # this frame's row of every engine output
+    label: str  # top finding
+    scores: dict[str, float]  # label -> probability
+    location: tuple[float, float, float] | None  # (row, col, score) in original-frame pixels
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One instance's result and where its time went."""
+
+    request_id: str
+    sop_instance_uid: str  # never log it raw
+    pipeline: str
+    frames: tuple[FrameAnalysis, ...]
+    queue_ms: float  # longest wait of a ready frame for its batch
+    preprocess_ms: float  # decode + preprocess, all frames
+    engine_ms: float  # the slowest batch that carried a frame
+    total_ms: float
+
+
+class Analyzer(Protocol):
+    """What a protocol front end needs from the appliance (a fake can stand in for it in tests)."""
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model."""
+        ...
+
+    def is_live(self) -> bool:
+        """False only when the daemon is terminally broken (engine dead, GPU lost)."""
+        ...
+
+    def is_ready(self) -> bool:
+        """True while new work is admitted."""
+        ...
+
+    async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
+                      priority: Priority = Priority.BATCH, time_remaining: float | None = None) -> Analysis:
+        """Analyze one DICOM Part 10 file."""
+        ...
+
+    async def infer(self, inputs: np.ndarray, *, request_id: str = "", priority: Priority = Priority.BATCH,
+                    time_remaining: float | None = None) -> list[dict[str, np.ndarray]]:
+        """Run already preprocessed float32 inputs ``[N, *item_shape]``; one dict of outputs per row."""
+        ...
+
+
+@dataclass(frozen=True)
+class PathLimits:
+    """The request path's bounds (from ``[server]``)."""
+
+    max_message_bytes: int  # one request's DICOM bytes
+    inflight_bytes: int  # DICOM bytes held by requests not yet answered, all together
+    default_deadline_s: float  # applied when the client sends none (> 0: a wedged stage never holds a request)
+
+
+class _ByteBudget:
+    """Bytes of request payload in flight. Taken before a payload goes to a worker, returned on reply."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, n: int, *, wait: bool) -> AsyncIterator[None]:
+        async with self._cond:
+            if wait:
+                await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            elif self.used and self.used + n > self.limit:
+                raise Overloaded(
+                    f"{self.used} bytes of requests in flight; this one ({n} bytes) would pass the budget "
+                    f"server.inflight_bytes = {self.limit}",
+                    retry_after_s=0.2,
+                    reason="INFLIGHT_BYTES",
+                )
+            self.used += n
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self.used -= n
+                self._cond.notify_all()
+
+
+class RequestPath:
+    """The :class:`Analyzer` of a running daemon: composes the worker pool, the batcher and postprocessing."""
+
+    def __init__(
+        self,
+        *,
+        model: ModelInfo,
+        pipelines: frozenset[str],
+        default_pipeline: str,
+        pool: WorkerPool,
+        batcher: Batcher,
+        postprocess: Postprocessor,
+        clock: Clock,
+        limits: PathLimits,
+        check_admitting: Callable[[], None],
+        validate_request_id: Callable[[str], str] = lambda rid: rid,
+    ) -> None:
+        self._model = model
+        self.pipelines = pipelines
+        self.default_pipeline = default_pipeline
+        self.pool = pool
+        self.batcher = batcher
+        self.postprocess = postprocess
+        self.clock = clock
+        self.limits = limits
+        self._check_admitting = check_admitting
+        self._validate_request_id = validate_request_id
+        self._budget = _ByteBudget(limits.inflight_bytes)
+        self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
+        self.live = True
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model."""
+        return self._model
+
+    @model.setter
+    def model(self, info: ModelInfo) -> None:
+        self._model = info  # once the engine is loaded, ``backend`` says what actually runs
+
+    def is_live(self) -> bool:
+        """False once the engine died or the GPU was lost."""
+        return self.live and self.batcher.dead is None
+
+    def is_ready(self) -> bool:
+        """True while new work is admitted."""
+        try:
+            self._check_admitting()
+        except Unavailable:
+            return False
+        return True
+
+    @property
+    def in_flight(self) -> int:
+        """Requests not yet answered."""
+        return len(self._waiting)
+
+    # ---- the path -------------------------------------------------------------------------------------------
+
+    async def analyze(
+        self,
+        dicom: bytes,
+        *,
+        request_id: str = "",
+        pipeline: str = "",
+        priority: Priority = Priority.BATCH,
+        time_remaining: float | None = None,
+        admit_frames: Callable[[int], Awaitable[None]] | None = None,
+        wait_for_budget: bool = False,
+    ) -> Analysis:
+        """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved."""
+        t0 = self.clock.monotonic()
+        self._check_admitting()
+        rid = self._validate_request_id(request_id) or uuid.uuid4().hex
+        name = pipeline or self.default_pipeline
+        if name not in self.pipelines:
+            raise UnknownPipeline(f"unknown pipeline {name!r}; loaded: {sorted(self.pipelines)}", field="pipeline")
+        if len(dicom) > self.limits.max_message_bytes:
+            raise Overloaded(
+                f"request of {len(dicom)} bytes exceeds server.max_message_bytes = {self.limits.max_message_bytes}",
+                retry_after_s=None,
+                reason="MESSAGE_TOO_LARGE",
+            )
+        deadline = t0 + (time_remaining if time_remaining is not None else self.limits.default_deadline_s)
+        async with self._budget.hold(len(dicom), wait=wait_for_budget):
+            loop = asyncio.get_running_loop()
+            done = _new_future(loop)
+            request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
+
+            def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
+                return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames)
+
+            job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e))
+            self.pool.submit(job)
+            await self._wait(done, request, job)
+        return self._analysis(request, t0)
+
+    async def infer(
+        self,
+        inputs: np.ndarray,
+        *,
+        request_id: str = "",
+        priority: Priority = Priority.BATCH,
+        time_remaining: float | None = None,
+    ) -> list[dict[str, np.ndarray]]:
+        """Run already preprocessed ``[N, *item_shape]`` float32 inputs through admission, batcher and engine."""
+        t0 = self.clock.monotonic()
+        self._check_admitting()
+        rid = self._validate_request_id(request_id) or uuid.uuid4().hex
+        shape = self._model.item_shape
+        if inputs.dtype != np.float32 or inputs.ndim != len(shape) + 1 or tuple(inputs.shape[1:]) != shape:
+            raise InputError(f"input must be float32 [N, {', '.join(map(str, shape))}], got {inputs.dtype} "
+                             f"{list(inputs.shape)}", field=self._model.input_name)
+        if not np.isfinite(inputs).all():
+            raise InputError("input contains NaN or infinity", field=self._model.input_name)
+        deadline = t0 + (time_remaining if time_remaining is not None else self.limits.default_deadline_s)
+        loop = asyncio.get_running_loop()
+        done = _new_future(loop)
+        request = Request(rid, "", priority, deadline, t0, n_frames=len(inputs),
+                          on_done=lambda r: _resolve(loop, done, r))
+        self.batcher.reserve(request)
+        for item, row in zip(request.items, inputs, strict=True):
+            self.batcher.put_tensor(item, row)
+        await self._wait(done, request, None)
+        return [dict(item.outputs or {}) for item in request.items]
+
+    async def _admit(
+        self, request: Request, n_frames: int, sop_uid: str, admit_frames: Callable[[int], Awaitable[None]] | None
+    ) -> list[WorkItem]:
+        request.set_frames(n_frames, sop_uid)
+        if admit_frames is not None:
+            await admit_frames(n_frames)
+        self._check_admitting()
+        self.batcher.reserve(request)
+        return request.items
+
+    def _admit_from_thread(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        request: Request,
+        n_frames: int,
+        sop_uid: str,
+        admit_frames: Callable[[int], Awaitable[None]] | None,
+    ) -> list[WorkItem]:
+        """Run admission on the event loop (a stream may await its window) and wait for it, bounded."""
+        future = asyncio.run_coroutine_threadsafe(self._admit(request, n_frames, sop_uid, admit_frames), loop)
+        left = (request.deadline or self.clock.monotonic() + 30.0) - self.clock.monotonic()
+        try:
+            return future.result(timeout=max(0.01, left))
+        except TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded("deadline passed while waiting for admission") from None
+        except asyncio.CancelledError:
+            raise Unavailable("client cancelled", reason="CANCELLED") from None
+
+    async def _wait(self, done: asyncio.Future[Request], request: Request, job: Job | None) -> None:
+        """Await the answer; on deadline or client cancel, drop the work and free its slots."""
+        self._waiting.add(done)
+        try:
+            left = (request.deadline or 0.0) - self.clock.monotonic()
+            try:
+                await asyncio.wait_for(asyncio.shield(done), timeout=max(0.0, left))
+            except TimeoutError:
+                if not done.done():
+                    error = DeadlineExceeded("deadline passed before the request was answered")
+                    self._drop(request, job, error)
+                    raise error from None
+            except asyncio.CancelledError:
+                self._drop(request, job, Unavailable("client cancelled", reason="CANCELLED"))
+                raise
+        finally:
+            self._waiting.discard(done)
+        error = done.exception() or request.error
+        if error is not None:
+            raise error
+
+    def _drop(self, request: Request, job: Job | None, error: ApplianceError) -> None:
+        if job is not None:
+            self.pool.cancel(job)
+        if request.items:
+            self.batcher.cancel(request, error)
+
+    def _analysis(self, request: Request, t0: float) -> Analysis:
+        frames = []
+        for item in request.items:
+            found = self.postprocess(item.outputs or {}, item.frame_info)
+            frames.append(FrameAnalysis(item.frame_index, dict(item.outputs or {}), found.label, found.scores,
+                                        found.location))
+        items = request.items
+        return Analysis(
+            request_id=request.request_id,
+            sop_instance_uid=request.sop_instance_uid,
+            pipeline=request.pipeline,
+            frames=tuple(frames),
+            queue_ms=max(((i.t_launch or 0) - (i.t_ready or 0)) * 1000.0 for i in items),
+            preprocess_ms=sum(i.preprocess_ms for i in items),
+            engine_ms=max(i.engine_ms for i in items),
+            total_ms=(self.clock.monotonic() - t0) * 1000.0,
+        )
+
+    # ---- shutdown -------------------------------------------------------------------------------------------
+
+    def fail_all(self, error: ApplianceError) -> int:
+        """Answer every unanswered request with ``error`` (shutdown past grace, thermal stop); return how many."""
+        self.pool.fail_queued(error)
+        self.batcher.fail_pending(error)
+        waiting = [f for f in self._waiting if not f.done()]
+        for future in waiting:
+            future.set_exception(error)
+        return len(waiting)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every request to be answered; True if none is left."""
+        deadline = self.clock.monotonic() + timeout_s
+        while self._waiting and self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return not self._waiting
+
+
+def _new_future(loop: asyncio.AbstractEventLoop) -> asyncio.Future[Request]:
+    """A future whose late exception (the client already left) is never reported as "never retrieved"."""
+    future: asyncio.Future[Request] = loop.create_future()
+    future.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+    return future
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Request], request: Request) -> None:
+    def settle() -> None:
+        if not future.done():
+            future.set_result(request)
+
+    loop.call_soon_threadsafe(settle)
+
+
+def _reject(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Request], error: ApplianceError) -> None:
+    def settle() -> None:
+        if not future.done():
+            future.set_exception(error)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        loop.call_soon_threadsafe(settle)

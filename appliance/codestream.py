@@ -1,0 +1,197 @@
+"""Read the size a compressed frame declares in its own codestream, before any decoder sees it.
+
+The DICOM header (Rows, Columns, Samples per Pixel, Bits Allocated) is what the limits are checked against, but a
+decoder allocates what the *codestream* declares. A 762-byte JPEG-LS file whose header says 16 x 16 and whose
+stream says 20000 x 20000 makes the decoder allocate gigabytes (docs/robustness.md). So every compressed frame is
+checked here first: the codec's own size header must agree with the DICOM header, and a frame that lacks its
+end-of-image marker is truncated (most decoders would return partial pixels without complaint).
+
+Only headers are read: the cost is a few microseconds per frame, whatever the frame's size.
+
+Supported: JPEG (SOF0..SOF15 except DHT/JPG/DAC), JPEG-LS (SOF55), JPEG 2000 and HTJ2K (SIZ, raw codestream or
+inside a JP2 ``jp2c`` box), RLE (the 64-byte segment header).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from pydicom import uid as _uid
+
+__all__ = ["FrameGeometry", "StreamError", "check_frame", "stream_kind"]
+
+
+class StreamError(ValueError):
+    """The codestream contradicts the DICOM header or is malformed; the message says how."""
+
+
+@dataclass(frozen=True)
+class FrameGeometry:
+    """What the DICOM header says one frame is."""
+
+    rows: int
+    columns: int
+    samples: int  # samples per pixel
+    bits_allocated: int
+    bits_stored: int
+
+
+_JPEG = frozenset({_uid.JPEGBaseline8Bit, _uid.JPEGExtended12Bit, _uid.JPEGLossless, _uid.JPEGLosslessSV1})
+_JPEGLS = frozenset({_uid.JPEGLSLossless, _uid.JPEGLSNearLossless})
+_J2K = frozenset({_uid.JPEG2000Lossless, _uid.JPEG2000, _uid.HTJ2KLossless, _uid.HTJ2KLosslessRPCL, _uid.HTJ2K})
+# SOF markers: C0-C3, C5-C7, C9-CB, CD-CF (C4 DHT, C8 JPG, CC DAC are not frames); F7 is JPEG-LS SOF55.
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_MAX_J2K_TILES = 1 << 16  # a legitimate image has few tiles; millions of 1x1 tiles is a decoder bomb
+
+
+def stream_kind(transfer_syntax: str) -> str | None:
+    """Return "jpeg", "jpegls", "j2k", "rle" or None (native syntaxes) for a transfer syntax UID."""
+    if transfer_syntax in _JPEG:
+        return "jpeg"
+    if transfer_syntax in _JPEGLS:
+        return "jpegls"
+    if transfer_syntax in _J2K:
+        return "j2k"
+    if transfer_syntax == _uid.RLELossless:
+        return "rle"
+    return None
+
+
+def check_frame(transfer_syntax: str, frame: bytes, geometry: FrameGeometry) -> None:
+    """Raise :class:`StreamError` unless ``frame``'s codestream agrees with ``geometry`` and looks complete.
+
+    Args:
+        transfer_syntax: the transfer syntax UID of the instance.
+        frame: one whole encapsulated frame (all its fragments, item headers removed).
+        geometry: the DICOM header's view of the frame.
+    """
+    kind = stream_kind(transfer_syntax)
+    if kind is None:
+        return
+    if not frame:
+        raise StreamError("the frame is empty")
+    if kind == "rle":
+        _check_rle(frame, geometry)
+        return
+    if kind == "j2k":
+        _check_j2k(frame, geometry)
+    else:
+        _check_jpeg(frame, geometry, ls=kind == "jpegls")
+    if not _ends_with_eoi(frame):
+        raise StreamError("the codestream has no end-of-image marker (FFD9): the frame is truncated")
+
+
+def _ends_with_eoi(frame: bytes) -> bool:
+    tail = frame[-16:].rstrip(b"\x00")  # fragments are padded to an even length (and some writers pad more)
+    return tail.endswith(b"\xff\xd9")
+
+
+def _mismatch(what: str, stream: int, header: int, header_name: str) -> StreamError:
+    return StreamError(f"the codestream says {what} {stream}, the DICOM header says {header_name} = {header}")
+
+
+def _check_dims(rows: int, cols: int, samples: int, precision: int, g: FrameGeometry) -> None:
+    if rows != g.rows:
+        raise _mismatch("height", rows, g.rows, "(0028,0010) Rows")
+    if cols != g.columns:
+        raise _mismatch("width", cols, g.columns, "(0028,0011) Columns")
+    if samples != g.samples:
+        raise _mismatch("components", samples, g.samples, "(0028,0002) Samples per Pixel")
+    if precision > max(g.bits_allocated, 8) or precision < 1:
+        raise _mismatch("sample precision", precision, g.bits_allocated, "(0028,0100) Bits Allocated")
+
+
+def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool) -> None:
+    """Walk the marker segments from SOI to the first SOF (JPEG) or SOF55 (JPEG-LS)."""
+    if frame[:2] != b"\xff\xd8":
+        raise StreamError("the codestream does not start with an SOI marker (FFD8)")
+    pos, n = 2, len(frame)
+    while pos + 4 <= n:
+        if frame[pos] != 0xFF:
+            raise StreamError(f"expected a marker at byte {pos} of the codestream")
+        marker = frame[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0x01,) or 0xD0 <= marker <= 0xD8:  # TEM, RSTn, SOI: no length
+            pos += 2
+            continue
+        (length,) = struct.unpack_from(">H", frame, pos + 2)
+        if length < 2 or pos + 2 + length > n:
+            raise StreamError(f"marker FF{marker:02X} has a length ({length}) that runs past the frame")
+        if (ls and marker == 0xF7) or (not ls and marker in _SOF):
+            if length < 8:
+                raise StreamError(f"the frame header FF{marker:02X} is too short")
+            precision, rows, cols, samples = struct.unpack_from(">BHHB", frame, pos + 4)
+            if rows == 0 or cols == 0:
+                raise StreamError("the frame header defers its size (height or width 0): not accepted")
+            _check_dims(rows, cols, samples, precision, g)
+            return
+        if marker == 0xDA:  # start of scan before any frame header
+            break
+        pos += 2 + length
+    raise StreamError("no frame header (SOF) before the first scan: the codestream is malformed")
+
+
+def _j2k_codestream(frame: bytes) -> int:
+    """Return the offset of the SOC marker: 0 for a raw codestream, inside the jp2c box for JP2."""
+    if frame[:2] == b"\xff\x4f":
+        return 0
+    if frame[4:8] == b"jP  ":
+        pos = 0
+        while pos + 8 <= len(frame):
+            length, box = struct.unpack_from(">I4s", frame, pos)
+            header = 8
+            if length == 1 and pos + 16 <= len(frame):
+                (length,) = struct.unpack_from(">Q", frame, pos + 8)
+                header = 16
+            if box == b"jp2c":
+                return pos + header
+            if length < header:
+                break
+            pos += length
+    raise StreamError("the codestream does not start with SOC (FF4F) and is not a JP2 file")
+
+
+def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
+    start = _j2k_codestream(frame)
+    if frame[start : start + 4] != b"\xff\x4f\xff\x51":
+        raise StreamError("the J2K codestream does not start with SOC followed by SIZ (FF4F FF51)")
+    pos = start + 4
+    if pos + 38 > len(frame):
+        raise StreamError("the J2K SIZ marker segment is truncated")
+    lsiz, _rsiz, xsiz, ysiz, xo, yo, xt, yt, xto, yto, csiz = struct.unpack_from(">HHIIIIIIIIH", frame, pos)
+    if lsiz != 38 + 3 * csiz or pos + lsiz > len(frame):
+        raise StreamError(f"the J2K SIZ marker length {lsiz} does not match its {csiz} component(s)")
+    if xsiz <= xo or ysiz <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo:
+        raise StreamError("the J2K SIZ image or tile geometry is inconsistent")
+    tiles = -(-(xsiz - xto) // xt) * -(-(ysiz - yto) // yt)
+    if tiles > _MAX_J2K_TILES:
+        raise StreamError(f"the J2K codestream declares {tiles} tiles (limit {_MAX_J2K_TILES})")
+    precisions = []
+    for c in range(csiz):
+        ssiz, xr, yr = struct.unpack_from(">BBB", frame, pos + 38 + 3 * c)
+        if xr == 0 or yr == 0:
+            raise StreamError("the J2K SIZ component subsampling is 0")
+        precisions.append((ssiz & 0x7F) + 1)
+    _check_dims(ysiz - yo, xsiz - xo, csiz, max(precisions, default=0), g)
+
+
+def _check_rle(frame: bytes, g: FrameGeometry) -> None:
+    """The RLE header: segment count = samples x bytes per sample, offsets ascending inside the frame."""
+    if len(frame) < 64:
+        raise StreamError(f"the RLE frame is {len(frame)} bytes, shorter than its 64-byte header")
+    header = struct.unpack_from("<16I", frame, 0)
+    n_segments = header[0]
+    expected = g.samples * max(1, g.bits_allocated // 8)
+    if n_segments != expected:
+        raise _mismatch("segments", n_segments, expected, "Samples per Pixel x Bits Allocated / 8")
+    offsets = list(header[1 : 1 + n_segments])
+    if offsets[0] != 64:
+        raise StreamError(f"the first RLE segment starts at {offsets[0]}, not right after the 64-byte header")
+    for a, b in zip(offsets, [*offsets[1:], len(frame)], strict=True):
+        if not a < b <= len(frame):
+            raise StreamError("the RLE segment offsets are not ascending inside the frame")
+    if any(header[1 + n_segments :]):
+        raise StreamError("the RLE header lists offsets for unused segments")

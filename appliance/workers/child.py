@@ -1,0 +1,212 @@
+"""The preprocessing worker process: parse, validate, decode and preprocess, straight into shared slots.
+
+One worker runs one request at a time, driven by its supervisor thread in the daemon over a duplex pipe
+(:mod:`appliance.workers.pool`). Messages, daemon -> worker::
+
+    ("parse", job_id, pipeline_name) + send_bytes(dicom)   -> ("parsed", job_id, n_frames, sop_uid, rss)
+    ("frame", job_id, frame_index, slot)                    -> ("frame", job_id, frame_info, ms, rss)
+    ("drop", job_id)                                        -> (no reply: forget the parsed instance)
+    ("stop",)                                               -> (exit 0)
+
+and any step may answer ``("error", job_id, encoded_error, rss)`` instead. Only small metadata crosses the pipe;
+the model input goes into the slot arena.
+
+Whatever the foreign decoder does, the worker answers or dies: Python exceptions (a Rust panic is a
+``BaseException``) become an error reply; ``MemoryError`` under the address-space limit becomes
+RESOURCE_EXHAUSTED; a segfault, an abort or a spin kills the process, and the supervisor replaces it
+(docs/robustness.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from appliance import dicom
+from appliance.errors import ApplianceError, DicomError, Overloaded
+from appliance.preprocess import Pipeline, load_pipelines
+from appliance.workers.arena import SlotArena
+
+__all__ = ["FAULT_ROOT", "FAULTS", "WorkerSpec", "decode_error", "encode_error", "worker_main"]
+
+# Test-only fault injection (docs/robustness.md): with APPLIANCE_TEST_DECODER_FAULTS=1 in the daemon's environment,
+# an instance whose SOP Instance UID is FAULT_ROOT + "." + <code> makes the worker misbehave while decoding.
+FAULT_ROOT = "1.2.826.0.1.3680043.10.1289.999"
+FAULTS = {"1": "segfault", "2": "abort", "3": "panic", "4": "alloc", "5": "spin", "6": "exit"}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to start (pickled to the fork server once per worker)."""
+
+    arena: tuple[str, int, tuple[int, ...]]  # SlotArena.spec
+    pipelines_dir: str
+    models_dir: str
+    model: str  # only pipelines for this model are loaded
+    limits: dicom.DicomLimits
+    memory_bytes: int  # address space a worker may add on top of what it has after start-up (RLIMIT_AS)
+    nice: int = 0  # added to the worker's niceness: the engine thread and the event loop come first
+    faults: bool = False  # test-only fault injection
+
+
+class _Panic(BaseException):
+    """Stands in for ``pyo3_runtime.PanicException`` (a BaseException raised by Rust decoders)."""
+
+
+def encode_error(error: BaseException) -> tuple[str, str, str, str]:
+    """Return a picklable (class name, message, field, reason) for an error raised in a worker."""
+    if isinstance(error, ApplianceError):
+        return type(error).__name__, str(error), getattr(error, "field", "dicom"), error.reason
+    if isinstance(error, MemoryError):
+        return "Overloaded", "decoding needs more memory than the worker's limit", "dicom", "DECODER_MEMORY_LIMIT"
+    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return "DicomError", f"decoder failed: {type(error).__name__}: {text}".rstrip(": "), "dicom.PixelData", ""
+
+
+def decode_error(encoded: tuple[str, str, str, str]) -> ApplianceError:
+    """Rebuild an :class:`ApplianceError` from :func:`encode_error`'s tuple (in the daemon)."""
+    from appliance import errors
+
+    name, message, field, reason = encoded
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ApplianceError)):
+        cls = errors.DicomError
+    error: ApplianceError
+    if issubclass(cls, errors.InputError):
+        error = cls(message, field=field)
+    elif issubclass(cls, errors.Overloaded):
+        error = cls(message, retry_after_s=None, reason=reason or None)
+    elif issubclass(cls, errors.Unavailable):
+        error = cls(message, reason=reason or "UNAVAILABLE")
+    else:
+        error = cls(message)
+    if reason:
+        error.reason = reason
+    return error
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _vm_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _limit_memory(extra: int) -> None:
+    """Cap the address space at what the worker uses now plus ``extra`` bytes."""
+    if extra <= 0:
+        return
+    limit = _vm_bytes() + extra
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _fault(kind: str) -> None:  # pragma: no cover - runs in a worker that is meant to die
+    if kind == "segfault":
+        ctypes.string_at(0)
+    elif kind == "abort":
+        os.abort()
+    elif kind == "panic":
+        raise _Panic("called `Result::unwrap()` on an `Err` value (test fault)")
+    elif kind == "alloc":
+        hoard = []
+        while True:
+            hoard.append(np.ones(64 << 20, dtype=np.uint8))
+    elif kind == "spin":
+        while True:
+            pass
+    elif kind == "exit":
+        os._exit(3)
+
+
+class _Worker:
+    def __init__(self, conn: Connection, spec: WorkerSpec) -> None:
+        self.conn = conn
+        self.spec = spec
+        self.arena = SlotArena.attach(*spec.arena)
+        self.pipelines: dict[str, Pipeline] = {
+            name: p
+            for name, p in load_pipelines(Path(spec.pipelines_dir), Path(spec.models_dir)).items()
+            if p.model == spec.model
+        }
+        self.job: int | None = None
+        self.instance: dicom.DicomInstance | None = None
+        self.pipeline: Pipeline | None = None
+
+    def serve(self) -> None:
+        while True:
+            msg = self.conn.recv()
+            op = msg[0]
+            if op == "stop":
+                return
+            if op == "drop":
+                self.job = self.instance = self.pipeline = None
+                continue
+            job = msg[1]
+            try:
+                reply = self._parse(job, msg[2]) if op == "parse" else self._frame(job, msg[2], msg[3])
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - foreign code: every failure becomes this item's error
+                reply = ("error", job, encode_error(e), _rss_bytes())
+            self.conn.send(reply)
+
+    def _parse(self, job: int, pipeline_name: str) -> tuple[Any, ...]:
+        data = self.conn.recv_bytes()
+        self.job, self.instance, self.pipeline = job, None, None
+        pipeline = self.pipelines.get(pipeline_name)
+        if pipeline is None:
+            raise DicomError(f"pipeline {pipeline_name!r} is not loaded in the worker", field="pipeline")
+        instance = dicom.parse(data, self.spec.limits)
+        del data
+        pipeline.check(instance)
+        self.job, self.instance, self.pipeline = job, instance, pipeline
+        return ("parsed", job, instance.number_of_frames, instance.sop_instance_uid, _rss_bytes())
+
+    def _frame(self, job: int, index: int, slot: int) -> tuple[Any, ...]:
+        if job != self.job or self.instance is None or self.pipeline is None:
+            raise Overloaded("worker lost the parsed instance (replaced mid-request)", retry_after_s=0.1)
+        t0 = time.perf_counter()
+        if self.spec.faults and self.instance.sop_instance_uid.startswith(FAULT_ROOT + "."):
+            _fault(FAULTS.get(self.instance.sop_instance_uid.rsplit(".", 1)[1], ""))
+        info = self.pipeline.run(self.instance, index, self.arena.slots[slot])
+        return ("frame", job, info, (time.perf_counter() - t0) * 1000.0, _rss_bytes())
+
+
+def worker_main(conn: Connection, spec: WorkerSpec) -> None:
+    """Entry point of a worker process (started by the pool's fork server)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    logging.getLogger("pydicom").setLevel(logging.CRITICAL)  # its warnings can quote element values
+    warnings.simplefilter("ignore")
+    sys.setrecursionlimit(2000)  # deeply nested sequences end in RecursionError -> a client error
+    Image.MAX_IMAGE_PIXELS = spec.limits.max_pixels_per_frame
+    if spec.nice > 0:
+        os.nice(spec.nice)
+    worker = _Worker(conn, spec)
+    _limit_memory(spec.memory_bytes)
+    conn.send(("ready", os.getpid(), _rss_bytes()))
+    try:
+        worker.serve()
+    except (EOFError, OSError):  # the daemon went away
+        pass

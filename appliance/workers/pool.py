@@ -1,0 +1,364 @@
+"""Supervised preprocessing worker processes: one supervisor thread per worker, in the daemon.
+
+A :class:`Job` is one request's trip through a worker: parse + validate (the worker keeps the parsed instance),
+admission (slots reserved by the daemon, see :mod:`appliance.analyze`), then one round trip per frame: "decode
+frame i into slot s" -> frame info. The supervisor thread drives that conversation with a time budget on every
+step. A worker that dies (segfault, abort, OOM kill), runs past its budget, or stops answering is killed and
+replaced; the item it held gets a clear error and nothing else is affected. Restarts are counted.
+
+NOTE (ordering): queued jobs are taken INTERACTIVE first, oldest first within a class. A job whose request was
+cancelled or whose deadline passed is answered without being started.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from appliance.clock import Clock, RealClock
+from appliance.config import WorkersConfig
+from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
+from appliance.work import Priority, Request, WorkItem
+from appliance.workers.child import WorkerSpec, decode_error, worker_main
+
+__all__ = ["Job", "PoolStats", "WorkerPool"]
+
+log = logging.getLogger(__name__)
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+# Workers fork from a server that has already imported the decoders: a replacement is ready in milliseconds.
+_CONTEXT.set_forkserver_preload(["appliance.workers.child"])
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of the pool."""
+
+    workers: int  # live worker processes
+    queued: int  # jobs waiting for a worker
+    busy: int  # jobs on a worker now
+    restarts: int  # workers replaced (crash, budget, memory, recycle)
+    last_progress: float  # monotonic time of the last message from any worker (or idle)
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's trip through a worker (built by the request path)."""
+
+    request: Request
+    data: bytes | None  # the DICOM file; dropped once sent to the worker
+    pipeline: str
+    # Called on the supervisor thread after a successful parse with (n_frames, sop_instance_uid); reserves the
+    # request's slots and returns its items, or raises an ApplianceError (queue full, ...).
+    admit: Callable[[int, str], list[WorkItem]]
+    # Called once if the job fails before admission (parse error, crash, cancelled, expired, stopping).
+    fail: Callable[[ApplianceError], None]
+    id: int = field(default_factory=itertools.count(1).__next__)
+    cancelled: bool = False
+
+
+class _WorkerLost(Exception):
+    def __init__(self, reason: str, error: ApplianceError) -> None:
+        super().__init__(reason)
+        self.reason = reason  # metrics label: crashed, timeout, memory, recycle, start
+        self.error = error
+
+
+class WorkerPool:
+    """The supervised worker processes. ``start()``, ``submit()`` jobs, ``stop()``."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        config: WorkersConfig,
+        *,
+        workers: int,
+        batcher: Any,  # appliance.batcher.Batcher: frame_ready / frame_failed / begin_frame
+        clock: Clock | None = None,
+        on_restart: Callable[[str], None] | None = None,
+        stage_lock: threading.Lock | None = None,  # sequential mode: held while a frame is decoded
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self.workers = workers
+        self.batcher = batcher
+        self.clock = clock or RealClock()
+        self.on_restart = on_restart or (lambda reason: None)
+        self.stage_lock = stage_lock
+        self._cond = threading.Condition()
+        self._queues: dict[Priority, collections.deque[Job]] = {p: collections.deque() for p in Priority}
+        self._threads: list[threading.Thread] = []
+        self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
+        self._busy: set[Job] = set()
+        self._stopping = False
+        self.restarts = 0
+        self.last_progress = self.clock.monotonic()
+        self._started = 0  # workers that reported ready at least once
+
+    # ---- daemon side ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the supervisor threads; each starts its worker process. Returns at once."""
+        for i in range(self.workers):
+            thread = threading.Thread(target=self._supervise, args=(i,), name=f"worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def wait_started(self, timeout_s: float) -> bool:
+        """Block until every worker has started once (or ``timeout_s``); True if they all did."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._started < self.workers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def submit(self, job: Job) -> None:
+        """Queue a job (INTERACTIVE before BATCH)."""
+        with self._cond:
+            if self._stopping:
+                raise Unavailable("service is draining", reason="DRAINING")
+            self._queues[job.request.priority].append(job)
+            self._cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job: a queued one is never started; a running one stops after its current step."""
+        with self._cond:
+            job.cancelled = True
+            queue = self._queues[job.request.priority]
+            if job in queue:
+                queue.remove(job)
+
+    def statistics(self) -> PoolStats:
+        """Return a snapshot."""
+        with self._cond:
+            return PoolStats(
+                workers=sum(1 for p in self._procs.values() if p.is_alive()),
+                queued=sum(len(q) for q in self._queues.values()),
+                busy=len(self._busy),
+                restarts=self.restarts,
+                last_progress=self.last_progress,
+            )
+
+    def fail_queued(self, error: ApplianceError) -> int:
+        """Answer every queued (not started) job with ``error``; return how many."""
+        with self._cond:
+            jobs = [j for q in self._queues.values() for j in q]
+            for q in self._queues.values():
+                q.clear()
+        for job in jobs:
+            job.fail(error)
+        return len(jobs)
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop accepting, answer queued jobs, ask workers to exit, kill those that don't within the timeout."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.fail_queued(Unavailable("service is shutting down", reason="DRAINING"))
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            procs = list(self._procs.values())
+        for proc in procs:
+            _kill(proc)
+
+    # ---- supervisor threads ---------------------------------------------------------------------------------
+
+    def _next_job(self) -> Job | None:
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return None
+                for queue in self._queues.values():
+                    while queue:
+                        job = queue.popleft()
+                        if self._runnable(job):
+                            self._busy.add(job)
+                            return job
+                self.last_progress = self.clock.monotonic()  # idle counts as progress
+                self._cond.wait(timeout=0.5)
+
+    def _runnable(self, job: Job) -> bool:
+        """False (and the job answered) when it was cancelled or expired while queued. Called under the lock."""
+        deadline = job.request.deadline
+        if job.cancelled:
+            return False
+        if deadline is not None and self.clock.monotonic() > deadline:
+            threading.Thread(target=job.fail, args=(DeadlineExceeded("deadline passed while queued for a "
+                             "preprocessing worker"),), daemon=True).start()
+            return False
+        return True
+
+    def _supervise(self, index: int) -> None:
+        proc: multiprocessing.process.BaseProcess | None = None
+        conn: Connection | None = None
+        while not self._stopping:
+            if proc is None or conn is None or not proc.is_alive():
+                try:
+                    proc, conn = self._spawn(index)
+                except _WorkerLost as lost:
+                    log.error("preprocessing worker %d failed to start: %s; retrying", index, lost)
+                    time.sleep(1.0)
+                    continue
+            job = self._next_job()
+            if job is None:
+                break
+            try:
+                rss = self._run(conn, job)
+                if rss > self.config.recycle_rss_bytes:
+                    raise _WorkerLost("recycle", Unavailable("worker recycled"))
+            except _WorkerLost as lost:
+                self._replace(index, proc, lost)
+                proc = conn = None
+            finally:
+                with self._cond:
+                    self._busy.discard(job)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(("stop",))
+        if proc is not None:
+            proc.join(0.5)
+            _kill(proc)
+
+    def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+        parent, child = _CONTEXT.Pipe(duplex=True)
+        proc = _CONTEXT.Process(target=worker_main, args=(child, self.spec), name=f"appliance-worker-{index}",
+                                daemon=True)
+        proc.start()
+        child.close()
+        with self._cond:
+            self._procs[index] = proc
+        try:
+            msg = self._recv(parent, proc, self.config.start_timeout_s)
+        except _WorkerLost:
+            _kill(proc)
+            raise
+        if msg[0] != "ready":
+            _kill(proc)
+            raise _WorkerLost("start", Unavailable("worker did not start"))
+        log.debug("preprocessing worker %d started (pid %d)", index, proc.pid)
+        with self._cond:
+            self._started += 1
+            self._cond.notify_all()
+        return proc, parent
+
+    def _replace(self, index: int, proc: multiprocessing.process.BaseProcess, lost: _WorkerLost) -> None:
+        _kill(proc)
+        with self._cond:
+            self.restarts += 1
+        if lost.reason != "recycle":
+            log.warning("preprocessing worker %d replaced (%s): %s", index, lost.reason, lost)
+        try:
+            self.on_restart(lost.reason)
+        except Exception as e:  # noqa: BLE001 - metrics must never stop supervision
+            log.error("restart observer failed: %s", e)
+
+    def _recv(self, conn: Connection, proc: multiprocessing.process.BaseProcess, budget_s: float) -> Any:
+        """Wait for one message within ``budget_s``; a dead, silent or broken worker is a _WorkerLost."""
+        if not conn.poll(max(0.0, budget_s)):
+            raise _WorkerLost(
+                "timeout",
+                Overloaded(f"decoding ran past its time budget of {budget_s:.1f} s (config key "
+                           "workers.step_timeout_s, or the request deadline)", retry_after_s=None,
+                           reason="DECODER_TIME_LIMIT"),
+            )
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            proc.join(0.2)
+            code = proc.exitcode
+            raise _WorkerLost(
+                "crashed",
+                DicomError(f"decoder failed: the preprocessing worker died on this input (exit code {code})",
+                           field="dicom.PixelData"),
+            ) from None
+        self.last_progress = self.clock.monotonic()
+        return msg
+
+    def _budget(self, request: Request) -> float:
+        budget = self.config.step_timeout_s
+        if request.deadline is not None:  # never work on past the client's deadline (plus a little slack)
+            budget = min(budget, max(0.05, request.deadline - self.clock.monotonic() + 0.25))
+        return budget
+
+    def _run(self, conn: Connection | None, job: Job) -> int:
+        """Run one job on one worker; return the worker's RSS after it. Raises _WorkerLost."""
+        assert conn is not None
+        worker = self._proc_for()
+        data, job.data = job.data, None
+        try:
+            conn.send(("parse", job.id, job.pipeline))
+            conn.send_bytes(data or b"")
+        except OSError:
+            job.fail(DicomError("decoder failed: the preprocessing worker died", field="dicom.PixelData"))
+            raise _WorkerLost("crashed", Unavailable("worker pipe broken")) from None
+        del data
+        try:
+            msg = self._recv(conn, worker, self._budget(job.request))
+        except _WorkerLost as lost:
+            job.fail(lost.error)
+            raise
+        if msg[0] == "error":
+            job.fail(decode_error(msg[2]))
+            return int(msg[3])
+        _, _, n_frames, sop_uid, rss = msg
+        if job.cancelled:
+            job.fail(Unavailable("client cancelled", reason="CANCELLED"))
+            conn.send(("drop", job.id))
+            return int(rss)
+        try:
+            items = job.admit(n_frames, sop_uid)
+        except ApplianceError as e:
+            job.fail(e)
+            conn.send(("drop", job.id))
+            return int(rss)
+        for i, item in enumerate(items):
+            try:
+                rss = self._frame(conn, worker, job, item)
+            except _WorkerLost as lost:
+                self.batcher.frame_failed(item, lost.error)
+                rest = Unavailable("not decoded: the worker was replaced on an earlier frame", reason="DECODER_LOST")
+                for other in items[i + 1 :]:
+                    self.batcher.frame_failed(other, rest)
+                raise
+        conn.send(("drop", job.id))
+        return int(rss)
+
+    def _frame(self, conn: Connection, worker: multiprocessing.process.BaseProcess, job: Job, item: WorkItem) -> int:
+        if not self.batcher.begin_frame(item):  # cancelled or expired meanwhile
+            return 0
+        lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
+        with lock:
+            conn.send(("frame", job.id, item.frame_index, item.slot))
+            msg = self._recv(conn, worker, self._budget(job.request))
+        if msg[0] == "error":
+            self.batcher.frame_failed(item, decode_error(msg[2]))
+            return int(msg[3])
+        _, _, info, ms, rss = msg
+        self.batcher.frame_ready(item, info, ms)
+        return int(rss)
+
+    def _proc_for(self) -> multiprocessing.process.BaseProcess:
+        index = int(threading.current_thread().name.rsplit("-", 1)[1])
+        with self._cond:
+            return self._procs[index]
+
+
+def _kill(proc: multiprocessing.process.BaseProcess) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join(1.0)
+

@@ -1,0 +1,147 @@
+"""The front door against a real daemon (worker processes, real DICOM, fake engine): every hostile input ends
+with an expected status and a message, a crashing, panicking, hoarding or spinning decoder costs only its own
+item, a slow bomb does not stall valid requests, and the daemon is healthy at the end (docs/robustness.md)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from appliance import synthetic
+from appliance.chaos import ANY_PIPELINE, bad_cases, fault_case
+from appliance.notify import RecordingNotifier
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import REPO, RunningApp, fake_config, write_fake_model
+
+CASES = bad_cases(seed=0)
+FAULT_KINDS = ("segfault", "abort", "panic", "alloc", "spin", "exit")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("frontdoor")
+    models = root / "models"
+    write_fake_model(models, batch=8, h=256, w=256, name="ct-nodule", heatmap=16)
+    pipes = root / "pipelines"
+    pipes.mkdir()
+    (pipes / "ct-nodule.toml").write_text((REPO / "pipelines" / "ct-nodule.toml").read_text())
+    (pipes / "any.toml").write_text(ANY_PIPELINE)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("APPLIANCE_TEST_DECODER_FAULTS", "1")
+    config = fake_config(
+        models,
+        model={"pipelines_dir": str(pipes)},
+        batcher={"max_wait_s": 0.0, "preprocess_workers": 2},
+        workers={"step_timeout_s": 2.0, "memory_bytes": 512 << 20},
+    )
+    app = RunningApp(config, notifier=RecordingNotifier())
+    mp.undo()
+    with grpc.insecure_channel(app.target, options=[("grpc.max_send_message_length", 128 << 20)]) as ch:
+        yield app, ch
+    app.stop()
+
+
+def _analyze(channel: grpc.Channel, data: bytes, pipeline: str = "", timeout: float = 30.0) -> tuple[str, str]:
+    try:
+        pb_grpc.InferenceStub(channel).Analyze(pb.AnalyzeRequest(dicom=data, pipeline=pipeline), timeout=timeout)
+    except grpc.RpcError as e:
+        return e.code().name, e.details() or ""
+    return "OK", ""
+
+
+VALID = synthetic.to_dicom(synthetic.generate_slice(11, size=256))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_gets_its_expected_status(server, case) -> None:
+    _, channel = server
+    code, message = _analyze(channel, case.data, case.pipeline)
+    assert code in case.expect, f"{case.name}: {code} {message}"
+    if code != "OK":
+        assert message, "a rejection without a message"
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_crashing_decoder_costs_only_its_item(server, kind: str) -> None:
+    app, channel = server
+    before = app.app.pool.statistics().restarts
+    case = fault_case(kind)
+    code, message = _analyze(channel, case.data)
+    assert code in case.expect, f"{kind}: {code} {message}"
+    assert message
+    assert _analyze(channel, VALID) == ("OK", "")  # the next request is served
+    after = app.app.pool.statistics().restarts
+    if kind in ("segfault", "abort", "spin", "exit"):  # the process died or was killed: replaced and counted
+        assert after == before + 1
+        status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest())
+        assert status.worker_restarts == after
+    else:  # a panic (BaseException) and MemoryError are answered by the living worker
+        assert after == before
+
+
+def test_slow_bomb_does_not_stall_valid_requests(server) -> None:
+    _, channel = server
+    spin = fault_case("spin")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        bombs = [pool.submit(_analyze, channel, spin.data, "", 20.0) for _ in range(1)]
+        time.sleep(0.2)  # the bomb holds one worker
+        t0 = time.monotonic()
+        results = [_analyze(channel, VALID, timeout=1.5) for _ in range(10)]
+        elapsed = time.monotonic() - t0
+        assert results == [("OK", "")] * 10, results
+        assert elapsed < 15
+        assert bombs[0].result()[0] in spin.expect
+
+
+def test_healthy_after_everything(server) -> None:
+    app, channel = server
+    r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference"))
+    assert r.status == health_pb2.HealthCheckResponse.SERVING
+    status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest())
+    assert status.status_counts.get("INTERNAL", 0) == 0
+    assert status.status_counts.get("UNKNOWN", 0) == 0
+    deadline = time.monotonic() + 20
+    while app.app.pool.statistics().workers < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # a worker killed by the last test is being replaced
+    assert app.app.pool.statistics().workers == 2
+    assert app.app.batcher.statistics().depth == 0  # no slot leaked
+
+
+def test_arena_file_is_removed_on_stop(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    app = RunningApp(fake_config(models), notifier=RecordingNotifier())
+    path = app.app.arena.path
+    assert path.exists() and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert _analyze_target(app.target) == "OK"
+    app.stop()
+    assert not path.exists()
+
+
+def _analyze_target(target: str) -> str:
+    with grpc.insecure_channel(target) as ch:
+        return _analyze(ch, VALID)[0]
+
+
+def test_inflight_byte_budget_is_taken_before_a_worker_sees_the_payload(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    big = synthetic.to_dicom(synthetic.generate_slice(2, size=512))  # ~0.5 MB
+    config = fake_config(models, server={"max_message_bytes": 1 << 20, "inflight_bytes": 1 << 20},
+                         engine={"options": {"latency_s": 0.3}})
+    app = RunningApp(config, notifier=RecordingNotifier())
+    try:
+        with grpc.insecure_channel(app.target) as ch, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: _analyze(ch, big), range(4)))
+        codes = [code for code, _ in results]
+        assert "OK" in codes
+        refused = [msg for code, msg in results if code == "RESOURCE_EXHAUSTED"]
+        assert refused and all("server.inflight_bytes" in m for m in refused), results
+    finally:
+        app.stop()

@@ -219,3 +219,28 @@ def test_synth_writes_the_bench_workload(tmp_path: Path) -> None:
     assert cli_main(["synth", "--workload", "native", "--count", "3", "--seed", "5", "--out", str(tmp_path)]) == 0
     written = [p.read_bytes() for p in sorted(tmp_path.glob("native-*.dcm"))]
     assert written == synthetic.workload("native", 3, seed=5)
+
+
+def test_triton_batch_stats_from_counter_deltas() -> None:
+    from appliance.benchpeer import batch_stats
+
+    before = {"nv_inference_count": 10.0, "nv_inference_exec_count": 5.0, "nv_inference_queue_duration_us": 1000.0,
+              "nv_inference_compute_infer_duration_us": 0.0}
+    after = {"nv_inference_count": 42.0, "nv_inference_exec_count": 9.0, "nv_inference_queue_duration_us": 33000.0,
+             "nv_inference_compute_infer_duration_us": 64000.0}
+    stats = batch_stats(before, after, batch=8)
+    assert stats == {"mean_batch": 8.0, "batch_fill": 1.0, "queue_ms": 1.0, "compute_ms_per_request": 2.0}
+    assert batch_stats(after, after, batch=8)["mean_batch"] is None
+
+
+def test_simulated_ideal_queue_waits_only_while_the_engine_idles() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("simulate", Path(__file__).parents[1] / "bench" / "simulate.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    # one request at a time, far apart: latency = its preprocessing + the wait + one batch
+    lat = sim.simulate([2.0], engine_ms=10.0, batch=4, workers=1, max_wait_ms=5.0, rate_per_ms=1e-6, n=50)
+    assert np.allclose(lat, 17.0)
+    lat0 = sim.simulate([2.0], engine_ms=10.0, batch=4, workers=1, max_wait_ms=0.0, rate_per_ms=1e-6, n=50)
+    assert np.allclose(lat0, 12.0)

@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-dev bench bench-quick bench-peer chaos proto model eval thermal-sim clean
+.PHONY: run test setup setup-dev bench bench-quick bench-peer chaos proto model eval thermal-sim interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ thermal-sim: setup-dev
 proto: setup-dev
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		appliance/proto/v1/inference.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		appliance/proto/inference/grpc_service.proto
+
+# Interop peers that cannot share our venv (tritonclient/PyTriton need protobuf<7) and the Node client.
+# Tests build what is missing themselves; CI builds it up front so that nothing skips for want of a download.
+interop: setup-dev
+	$(BIN)/python -m tests.interop.venvs
+	cd tests/interop/node && npm ci --no-audit --no-fund --silent
 
 # Rebuild the reference model from its seed (torch is a build-only extra).
 model: setup-dev

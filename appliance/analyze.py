@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -159,6 +159,7 @@ class RequestPath:
         limits: PathLimits,
         check_admitting: Callable[[], None],
         validate_request_id: Callable[[str], str] = lambda rid: rid,
+        on_finished: Callable[[str, float | None], None] = lambda code, seconds: None,
     ) -> None:
         self._model = model
         self.pipelines = pipelines
@@ -170,6 +171,7 @@ class RequestPath:
         self.limits = limits
         self._check_admitting = check_admitting
         self._validate_request_id = validate_request_id
+        self._on_finished = on_finished  # (final gRPC code name, total seconds if OK): metrics, any protocol
         self._budget = _ByteBudget(limits.inflight_bytes)
         self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
         self.live = True
@@ -215,6 +217,21 @@ class RequestPath:
     ) -> Analysis:
         """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved."""
         t0 = self.clock.monotonic()
+        with self._counted(t0):
+            return await self._analyze(dicom, t0, request_id, pipeline, priority, time_remaining, admit_frames,
+                                       wait_for_budget)
+
+    async def _analyze(
+        self,
+        dicom: bytes,
+        t0: float,
+        request_id: str,
+        pipeline: str,
+        priority: Priority,
+        time_remaining: float | None,
+        admit_frames: Callable[[int], Awaitable[None]] | None,
+        wait_for_budget: bool,
+    ) -> Analysis:
         self._check_admitting()
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         name = pipeline or self.default_pipeline
@@ -250,6 +267,12 @@ class RequestPath:
     ) -> list[dict[str, np.ndarray]]:
         """Run already preprocessed ``[N, *item_shape]`` float32 inputs through admission, batcher and engine."""
         t0 = self.clock.monotonic()
+        with self._counted(t0):
+            return await self._infer(inputs, t0, request_id, priority, time_remaining)
+
+    async def _infer(
+        self, inputs: np.ndarray, t0: float, request_id: str, priority: Priority, time_remaining: float | None
+    ) -> list[dict[str, np.ndarray]]:
         self._check_admitting()
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         shape = self._model.item_shape
@@ -268,6 +291,24 @@ class RequestPath:
             self.batcher.put_tensor(item, row)
         await self._wait(done, request, None)
         return [dict(item.outputs or {}) for item in request.items]
+
+    @contextlib.contextmanager
+    def _counted(self, t0: float) -> Iterator[None]:
+        """Report every request's final status (and its latency when OK), whatever the protocol."""
+        code = "OK"
+        try:
+            yield
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except ApplianceError as e:
+            code = e.code.name
+            raise
+        except Exception:
+            code = "INTERNAL"
+            raise
+        finally:
+            self._on_finished(code, self.clock.monotonic() - t0 if code == "OK" else None)
 
     async def _admit(
         self, request: Request, n_frames: int, sop_uid: str, admit_frames: Callable[[int], Awaitable[None]] | None
@@ -315,9 +356,9 @@ class RequestPath:
                 raise
         finally:
             self._waiting.discard(done)
-        error = done.exception() or request.error
-        if error is not None:
-            raise error
+        failure = done.exception() or request.error
+        if failure is not None:
+            raise failure
 
     def _drop(self, request: Request, job: Job | None, error: ApplianceError) -> None:
         if job is not None:

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from appliance import __version__, dicom
+from appliance import __version__, dicom, oip
 from appliance.analyze import ModelInfo, PathLimits, RequestPath
 from appliance.batcher import Batcher, Pacer, QueueStats
 from appliance.clock import Clock, RealClock
@@ -149,6 +149,7 @@ class App:
             limits=PathLimits(config.server.max_message_bytes, config.server.inflight_bytes,
                               config.server.default_deadline_s),
             check_admitting=self.check_admitting,
+            on_finished=self.metrics.count_request,
         )
         self.thermal = thermal or build_thermal(
             config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name
@@ -158,6 +159,7 @@ class App:
         self.health: HealthState | None = None
         self.server: grpc.aio.Server | None = None
         self.addresses: list[str] = []
+        self.metrics_address = ""  # bound /metrics host:port once started ("" = off)
         self._t_start = self.clock.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -183,7 +185,7 @@ class App:
         return pb.Model(
             name=self.manifest.name,
             version=self.manifest.version,
-            precision=self.artifact.precision,
+            precision=self.engine.precision,
             backend=self.engine.backend,
             batch_size=self.engine.batch_size,
         )
@@ -266,15 +268,16 @@ class App:
         )
         servicer = InferenceServicer(
             self.path,
-            self.metrics,
             self.status_pb,
             stream_window=max(self.batcher.batch_size, self.config.batcher.queue_capacity // 2),
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, server)
+        oip.add_to_server(server, self.path)  # the Open Inference Protocol: the same request path
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if self.config.server.reflection:
             names = (
                 pb.DESCRIPTOR.services_by_name["Inference"].full_name,
+                oip.SERVICE_NAME,
                 "grpc.health.v1.Health",
                 reflection.SERVICE_NAME,
             )
@@ -288,6 +291,8 @@ class App:
             self.addresses.append(address if address.startswith("unix:") else _with_port(address, port))
         self.server = server
         await server.start()
+        # /metrics before the engine loads: a bad metrics.listen fails the start (docs/monitoring.md)
+        self.metrics_address = self.metrics.serve(self.config.metrics.listen)
         log.info(
             "listening on %s; loading %s (%s)", ", ".join(self.addresses), self.manifest.name, self.artifact.precision
         )
@@ -305,14 +310,21 @@ class App:
         timeout = self.config.workers.start_timeout_s
         if not await asyncio.get_running_loop().run_in_executor(None, self.pool.wait_started, timeout):
             raise Unavailable(f"preprocessing workers did not start within {timeout} s (workers.start_timeout_s)")
+        for name, why in getattr(self.engine, "skipped", {}).items():  # "auto" chooses at load time
+            log.warning("engine backend %s skipped: %s", name, why)
         log.info(
             "engine ready: %s on %s, B=%d, %.1f ms/batch after warm-up",
-            self.artifact.precision,
+            self.engine.precision,
             self.engine.backend,
             self.engine.batch_size,
             self.batcher.batch_s_estimate * 1e3,
         )
-        self.path.model = dataclasses.replace(self.path.model, backend=self.engine.backend)
+        self.path.model = dataclasses.replace(
+            self.path.model, backend=self.engine.backend, precision=self.engine.precision
+        )
+        self.metrics.set_build_info(
+            model=self.manifest.name, precision=self.engine.precision, backend=self.engine.backend
+        )
         await self.health.set_serving()
         thermal_task = asyncio.create_task(self._thermal_loop(), name="thermal")
         thermal_task.add_done_callback(self._thermal_died)
@@ -326,11 +338,6 @@ class App:
                 max_staleness_s=max(self.notifier.watchdog_interval_s, 0.5),
             )
             self._tasks.append(asyncio.create_task(watchdog.run(), name="watchdog"))
-        if self.config.metrics.listen:
-            from prometheus_client import start_http_server
-
-            host, _, port = self.config.metrics.listen.rpartition(":")
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.metrics.registry)
 
     async def _thermal_loop(self) -> None:
         """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.
@@ -451,6 +458,7 @@ class App:
         if not self.batcher.engine_thread_alive:  # the engine is only ever touched by its own thread
             self.engine.close()
         self.thermal.close()
+        self.metrics.close()
         self._thermal_executor.shutdown(wait=False, cancel_futures=True)
         self.arena.close()
 

@@ -8,11 +8,8 @@ batch buffer, zero-pads the rest, runs the engine, and splits the outputs back. 
 the workers prepare the frames of batch k+1. Admitted frames that no worker has started yet expire at their
 deadline too, freeing their slots.
 
-NOTE (launch rule): launch when B items are ready, or when the engine is idle and the oldest ready item has
-waited ``max_wait``. INTERACTIVE items are taken before BATCH items, oldest first within a class. Cancelled or
-expired items are dropped before they are computed and their slots freed. Under a thermal duty u < 1 the
-pacer leaves gaps of about b(1-u)/u between batches; the batcher then also waits up to that gap for a full
-batch, because a padded slot burns the same power as a real one — but never past an item's deadline.
+The launch rule is the pure function :func:`appliance.policy.choose`. Cancelled or expired items are dropped
+before they are computed and their slots freed.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,7 +38,11 @@ from appliance.errors import (
     Unavailable,
 )
 from appliance.pacer import Pacer
+from appliance.policy import choose
 from appliance.work import ItemState, Request, WorkItem
+
+if TYPE_CHECKING:
+    from appliance.preprocess import FrameInfo
 
 __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 
@@ -203,7 +205,7 @@ class Batcher:
             item.state = ItemState.PREPROCESSING
             return True
 
-    def frame_ready(self, item: WorkItem, frame_info: object, preprocess_ms: float) -> None:
+    def frame_ready(self, item: WorkItem, frame_info: FrameInfo | None, preprocess_ms: float) -> None:
         """``item``'s slot now holds its model input."""
         item.frame_info = frame_info
         item.preprocess_ms = preprocess_ms
@@ -341,24 +343,20 @@ class Batcher:
 
     def _choose(self, now: float) -> tuple[list[WorkItem] | None, float]:
         """Return (items to launch now, or None) and how long to wait otherwise. Called under the lock."""
-        if not self._ready:
-            return None, 0.1
         b = self.batch_s_estimate
-        pace = self.pacer.delay(b)
-        if pace > 0:
-            return None, min(pace, 0.1)
-        self._ready.sort(key=lambda i: (i.request.priority, i.t_ready))
-        if len(self._ready) >= self.batch_size:
-            return self._ready[: self.batch_size], 0.0
-        oldest = min(i.t_ready or now for i in self._ready)
-        max_wait = self.config.max_wait_s + min(self.pacer.gap(b), 1.0)  # under a budget, prefer full batches
-        deadlines = [i.request.deadline for i in self._ready if i.request.deadline is not None]
-        if deadlines:  # never hold an item past the point where its batch could still finish in time
-            max_wait = min(max_wait, max(0.0, min(deadlines) - b - oldest))
-        waited = now - oldest
-        if waited >= max_wait or self._stopping:
-            return list(self._ready), 0.0
-        return None, max_wait - waited
+        decision = choose(
+            self._ready,
+            now,
+            batch_size=self.batch_size,
+            batch_s=b,
+            pace_delay_s=self.pacer.delay(b) if self._ready else 0.0,
+            pace_gap_s=self.pacer.gap(b),
+            max_wait_s=self.config.max_wait_s,
+            stopping=self._stopping,
+        )
+        if decision.launch is None:
+            return None, decision.wait_s
+        return [self._ready[i] for i in decision.launch], 0.0
 
     def _loop(self) -> None:
         try:
@@ -373,45 +371,68 @@ class Batcher:
             self._die(error)
 
     def _loop_body(self) -> None:
+        """expire -> choose -> launch -> collect, until stopped. Up to ``engine.max_in_flight`` batches are in
+        flight (TensorRT: 2, so the copy of batch k+1 overlaps the compute of batch k; ONNX Runtime: 1)."""
+        in_flight: collections.deque[tuple[object, list[WorkItem], float]] = collections.deque()
+        depth = max(1, int(getattr(self.engine, "max_in_flight", 1)))
         while True:
+            items: list[WorkItem] | None = None
             with self._cond:
                 now = self.clock.monotonic()
                 self.heartbeat = now
                 expired = self._expire(now)
-                items, wait = self._choose(now)
-                if items is None and not expired:
+                wait = 0.1
+                if len(in_flight) < depth:
+                    items, wait = self._choose(now)
+                if items is None and not expired and not in_flight:
                     if self._stopping and self._unfinished == 0:
                         return
                     self._cond.wait(timeout=max(wait, 1e-4))
                     continue
-                if items:
-                    for item in items:
-                        self._ready.remove(item)
-                        item.state = ItemState.RUNNING
-                        item.t_launch = now
+                for item in items or ():
+                    self._ready.remove(item)
+                    item.state = ItemState.RUNNING
+                    item.t_launch = now
             for item in expired:
                 self._finish(item)
             if items:
-                self._run_batch(items)
-                if self.dead is not None:
-                    return
+                self._launch(items, in_flight)
+            if in_flight and (not items or len(in_flight) >= depth):
+                self._collect(*in_flight.popleft())
+            if self.dead is not None:
+                return
 
-    def _run_batch(self, items: list[WorkItem]) -> None:
-        self._running = items
+    def _launch(self, items: list[WorkItem], in_flight: collections.deque[tuple[object, list[WorkItem], float]]
+                ) -> None:
+        """Gather ``items`` into the batch buffer, pad, free their slots and submit the batch to the engine."""
         n = len(items)
         np.take(self._arena, [i.slot for i in items], axis=0, out=self._batch[:n])
-        self._batch[n:] = 0.0  # explicit padding rows; their outputs are dropped below
+        self._batch[n:] = 0.0  # explicit padding rows; their outputs are dropped in _collect
         with self._cond:
             for item in items:
                 self._release(item)
             self._cond.notify_all()
+        self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
         try:
             if self.stage_lock is not None:
                 with self.stage_lock:
-                    outputs = self.engine.run(self._batch)
+                    ticket = self.engine.submit(self._batch)
             else:
-                outputs = self.engine.run(self._batch)
+                ticket = self.engine.submit(self._batch)  # copies the batch out: the buffer is free again
+        except EngineError as e:
+            self._fail_batch(items, e)
+            return
+        except Exception as e:  # noqa: BLE001 - an engine bug: fail this batch, keep serving
+            log.exception("engine raised unexpectedly")
+            self._fail_batch(items, EngineError(f"engine failed: {type(e).__name__}: {e}"))
+            return
+        in_flight.append((ticket, items, t0))
+
+    def _collect(self, ticket: object, items: list[WorkItem], t0: float) -> None:
+        """Wait for a submitted batch and split its rows back to its frames."""
+        try:
+            outputs = self.engine.result(ticket)
         except EngineError as e:
             self._fail_batch(items, e)
             return
@@ -424,6 +445,7 @@ class Batcher:
         self.pacer.consume(engine_s)
         self.batch_s_estimate = 0.8 * self.batch_s_estimate + 0.2 * engine_s
         self.batches += 1
+        n = len(items)
         self.observer.on_batch(n, self.batch_size, engine_s)
         # NOTE: the only loop that splits a batch back into replies. Rows n..B-1 are padding: dropped here.
         for row, item in enumerate(items):
@@ -431,8 +453,10 @@ class Batcher:
             item.engine_ms = engine_s * 1000.0
             item.state = ItemState.DONE
             self._finish(item)
+        self._running = [i for i in self._running if i not in items]
 
     def _fail_batch(self, items: list[WorkItem], error: EngineError) -> None:
+        self._running = [i for i in self._running if i not in items]
         if not isinstance(error, EngineDeadError):
             log.error("batch failed: %s", error)
         for item in items:

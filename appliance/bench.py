@@ -21,6 +21,9 @@ Added by the side-by-side measurement (docs/performance.md), all optional:
 * ``targets``: each goal of docs/performance.md with its figure and ``met``; ``--plot PREFIX``: PNGs.
 
 ``--standard`` is the set ``make bench`` runs.
+
+With ``--scrape-hz`` a Prometheus-like scraper fetches ``/metrics`` during the measurement (``scrape``: hz,
+count, mean ms), to check that serving metrics does not slow the data path (docs/monitoring.md).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +113,9 @@ class _Daemon:
     def __init__(self, extra: list[str], log_path: Path) -> None:
         self.port = _free_port()
         self.target = f"127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "appliance.cli", "serve", "--listen", self.target, *extra]
+        self.metrics_url = f"http://127.0.0.1:{_free_port()}/metrics"  # never the default 9400
+        listen = ["--metrics-listen", self.metrics_url.split("/")[2]]
+        cmd = [sys.executable, "-m", "appliance.cli", "serve", "--listen", self.target, *listen, *extra]
         self.log = log_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("NOTIFY_SOCKET", None)
@@ -146,18 +153,62 @@ class _Daemon:
             self.log.close()
 
 
-def _drive(target: str, files: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
-    """One measurement with the command line's load settings."""
-    return asyncio.run(
-        run_load(
-            target,
-            files,
-            concurrency=args.concurrency,
-            duration_s=args.duration,
-            requests=args.requests,
-            pipeline=args.pipeline,
-        )
+class _Scraper:
+    """Fetches a /metrics URL at a fixed rate on its own thread, like a Prometheus server would."""
+
+    def __init__(self, url: str, hz: float) -> None:
+        self.url, self.period = url, 1.0 / hz
+        self.times: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    r.read()
+                self.times.append(time.monotonic() - t0)
+            except OSError:
+                self.errors += 1
+            next_t += self.period
+            self._stop.wait(max(0.0, next_t - time.monotonic()))
+
+    def __enter__(self) -> _Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def report(self) -> dict[str, Any]:
+        mean = float(np.mean(self.times)) * 1e3 if self.times else 0.0
+        return {"hz": round(1.0 / self.period, 3), "scrapes": len(self.times), "errors": self.errors,
+                "mean_ms": round(mean, 3)}  # fmt: skip
+
+
+def _drive(target: str, files: list[bytes], args: argparse.Namespace, metrics_url: str = "") -> dict[str, Any]:
+    """One measurement with the command line's load settings (and a /metrics scraper with --scrape-hz)."""
+    load = run_load(
+        target,
+        files,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        requests=args.requests,
+        pipeline=args.pipeline,
     )
+    url = args.metrics_url or metrics_url
+    if not args.scrape_hz:
+        return asyncio.run(load)
+    if not url:
+        load.close()
+        raise SystemExit("--scrape-hz with --target needs --metrics-url")
+    with _Scraper(url, args.scrape_hz) as scraper:
+        result = asyncio.run(load)
+    return {**result, "scrape": scraper.report()}
 
 
 def _warm(target: str, files: list[bytes], args: argparse.Namespace) -> None:
@@ -171,7 +222,7 @@ def _measure(args: argparse.Namespace, files: list[bytes], extra: list[str], log
     try:
         daemon.wait_serving()
         _warm(daemon.target, files, args)
-        return _drive(daemon.target, files, args)
+        return _drive(daemon.target, files, args, daemon.metrics_url)
     finally:
         daemon.stop()
 
@@ -214,6 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, help="preprocessing cores for the pipelined bound (default cores-1)")
     parser.add_argument("--plot", help="write PREFIX-latency.png and PREFIX-throughput.png")
     parser.add_argument("--logs", type=Path, help="keep daemon and peer logs in this directory")
+    parser.add_argument("--scrape-hz", type=float, default=0.0, help="scrape /metrics at this rate while measuring")
+    parser.add_argument("--metrics-url", default="", help="the /metrics URL to scrape (default: the spawned daemon's)")
     parser.add_argument("serve_args", nargs="*", help="extra `appliance serve` arguments after --")
     return parser
 

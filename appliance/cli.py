@@ -43,6 +43,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
         overrides.setdefault("server", {})["listen"] = args.listen
+    if args.metrics_listen is not None:
+        overrides.setdefault("metrics", {})["listen"] = args.metrics_listen
     if args.backend:
         overrides.setdefault("engine", {})["backend"] = args.backend
     if args.thermal:
@@ -188,14 +190,23 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     from appliance.dicom import decoder_report
-    from appliance.engines import backend_report
+    from appliance.engines import _load_class, backend_report
 
-    report = {"engines": backend_report(), "decoders": decoder_report()}
+    engines = {}
+    for name, why in backend_report().items():
+        if name == "fake":
+            continue
+        try:
+            needs = dict(_load_class(name).DEPENDENCIES)
+        except ImportError:
+            needs = {}
+        engines[name] = {"available": why is None, "reason": why, "needs": needs}
+    report = {"engines": engines, "decoders": decoder_report()}
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0
-    for name, why in report["engines"].items():
-        print(f"engine  {name:18s} {'available' if why is None else 'unavailable - ' + why}")
+    for name, entry in engines.items():
+        print(f"engine  {name:20s} {'available' if entry['available'] else 'unavailable - ' + entry['reason']}")
     for uid, info in report["decoders"].items():
         print(f"decoder {uid:24s} {info}")
     return 0
@@ -263,10 +274,15 @@ def _cmd_chaos(argv: list[str]) -> int:
 def _cmd_models(argv: list[str]) -> int:
     from appliance.modelbuild import cli as models_cli
 
-    if not argv or argv[0] not in ("build", "eval"):
-        print("usage: appliance models {build,eval} NAME [options]", file=sys.stderr)
+    commands = dict(models_cli.COMMANDS)
+    if argv and argv[0] == "build-engine":  # TensorRT plan for this GPU (appliance.engines.trt_build)
+        from appliance.engines.trt_build import build_engine_main
+
+        return build_engine_main(argv[1:])
+    if not argv or argv[0] not in commands:
+        print("usage: appliance models {build,eval,derive,build-engine} NAME [options]", file=sys.stderr)
         return 2
-    return models_cli.build_main(argv[1:]) if argv[0] == "build" else models_cli.eval_main(argv[1:])
+    return commands[argv[0]](argv[1:])
 
 
 DELEGATED = {"bench": _cmd_bench, "thermal-sim": _cmd_thermal_sim, "models": _cmd_models, "chaos": _cmd_chaos}
@@ -280,7 +296,9 @@ def _parser() -> _Parser:
     p = sub.add_parser("serve", help="run the gRPC daemon")
     p.add_argument("--config", type=Path, help="TOML config (default: built-in defaults)")
     p.add_argument("--listen", action="append", help="address to bind (repeatable), e.g. 127.0.0.1:50051, unix:/path")
-    p.add_argument("--backend", help="engine backend: auto, onnxruntime-cpu, onnxruntime-cuda, fake")
+    p.add_argument("--metrics-listen", help='Prometheus /metrics address (default 127.0.0.1:9400; "" = off)')
+    p.add_argument("--backend", help="engine backend: auto, tensorrt, onnxruntime-tensorrt, onnxruntime-cuda, "
+                   "onnxruntime-cpu, fake, triton")
     p.add_argument("--precision", help="model artifact precision (default: the manifest's)")
     p.add_argument("--thermal", choices=["auto", "nvml", "none", "sim"], help="thermal sensor")
     p.add_argument("--no-overlap", action="store_true", help="preprocess on the engine thread (sequential)")
@@ -316,7 +334,9 @@ def _parser() -> _Parser:
     p.set_defaults(func=_cmd_backends)
 
     p = sub.add_parser("doctor", help="self-test: dependencies, model integrity, engine; --gpu, --thermal")
-    p.add_argument("--gpu", action="store_true", help="check the GPU backends for real (needs an NVIDIA GPU)")
+    p.add_argument("--gpu", action="store_true",
+                   help="RTX self-test: TensorRT plan, GPU vs CPU, W4A16 vs FP16, end-to-end (exit 3: no GPU)")
+    p.add_argument("--no-e2e", action="store_true", help="with --gpu: skip the end-to-end daemon run")
     p.add_argument("--thermal", action="store_true", help="commissioning: measure the thermal plant (GPU)")
     p.add_argument("--sim", action="store_true", help="with --thermal: commission the simulated plant (demo)")
     p.add_argument("--quick", action="store_true", help="with --thermal: short smoke run, not a commissioning")

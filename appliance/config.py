@@ -100,7 +100,7 @@ class ModelConfig:
 class EngineConfig:
     """``[engine]``: the backend and its threads."""
 
-    backend: str = "auto"  # "auto", "onnxruntime-cpu", "onnxruntime-cuda", "fake"
+    backend: str = "auto"  # "auto", "tensorrt", "onnxruntime-tensorrt", "onnxruntime-cuda", "onnxruntime-cpu", "fake"
     intra_op_threads: int = 1  # cores for the engine; the rest decode DICOM
     allow_spinning: bool = True  # ORT intra-op spinning
     warmup_runs: int = 3
@@ -132,7 +132,7 @@ class ThermalSection:
 class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint."""
 
-    listen: str = ""  # e.g. "127.0.0.1:9108"; "" = off
+    listen: str = "127.0.0.1:9400"  # host:port of /metrics (port 0: any); "" = off
     window: int = 2048  # samples kept for percentiles
 
 

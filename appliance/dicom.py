@@ -1,6 +1,6 @@
 """Parse, validate and decode DICOM instances from in-memory bytes.
 
-pydicom reads almost anything without complaint (``notes/dicom.md`` §4): a truncated header becomes an empty
+pydicom reads almost anything without complaint (docs/dicom.md): a truncated header becomes an empty
 dataset, a patched length field allocates whatever it claims, and "auto" decoding falls through from a
 plugin that failed loudly to one that returns wrong pixels quietly (§2). This module is the wall between
 network bytes and the preprocessing pipelines:
@@ -31,7 +31,7 @@ import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pydicom
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 NATIVE = "native"
 """Pseudo plugin name for the uncompressed syntaxes, decoded by pydicom's numpy-only native decoder."""
 
-# NOTE(dicom): one plugin per transfer syntax, never "auto" (notes/dicom.md §2): a fallback chain turns a
+# NOTE(dicom): one plugin per transfer syntax, never "auto" (docs/dicom.md): a fallback chain turns a
 # loud failure (pyjpegls: "Invalid JPEG-LS stream") into silently wrong pixels from the next plugin.
 DECODER_PLUGINS: dict[str, str] = {
     _uid.ImplicitVRLittleEndian: NATIVE,
@@ -262,7 +262,8 @@ class DicomInstance:
         if stream_kind(self.transfer_syntax_uid) is None:
             return
         try:
-            frame = get_frame(self._pixels, index, number_of_frames=self.number_of_frames,
+            encapsulated = cast(bytes, self._pixels)  # only native pixel data is held as a memoryview
+            frame = get_frame(encapsulated, index, number_of_frames=self.number_of_frames,
                               extended_offsets=self._opts.get("extended_offsets"))
             check_frame(self.transfer_syntax_uid, frame, FrameGeometry(
                 self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored))

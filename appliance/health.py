@@ -11,7 +11,7 @@ NOT_SERVING    NOT     NOT                        per governor          STATUS=n
 =============  ======  =========================  ====================  ===========================
 
 DEGRADED (throttled, blind, queue over 80 %) is visible in GetStatus and metrics only: soft throttling must
-not flip gRPC health (notes/service.md §5). A thermal hard stop (governor STOPPED/EMERGENCY) and a dead engine
+not flip gRPC health (docs/serving.md). A thermal hard stop (governor STOPPED/EMERGENCY) and a dead engine
 are NOT_SERVING.
 """
 

@@ -38,6 +38,8 @@ Format (``format_version = 1``)::
     sha256 = "..."
     bytes = 123
     block_size = 32                    # INT4 only
+    tolerance = 0.02                   # optional: max |output - ORT-CPU output of this artifact| another
+                                       # backend (GPU) may show; default DEFAULT_TOLERANCE
     [artifacts.int4.build]             # free-form build information (seed, versions, command)
     [artifacts.int4.session_config]    # optional ONNX Runtime session config entries (string -> string)
 
@@ -58,6 +60,7 @@ from typing import Any
 from appliance.errors import ArtifactIntegrityError, ManifestError
 
 __all__ = [
+    "DEFAULT_TOLERANCE",
     "Artifact",
     "InputSpec",
     "Manifest",
@@ -65,6 +68,10 @@ __all__ = [
     "load_manifest",
     "sha256_file",
 ]
+
+
+#: Max |output difference| between a backend and ORT on the CPU, for an artifact without ``tolerance``.
+DEFAULT_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class Artifact:
     block_size: int | None  # INT4 block size, else None
     build: dict[str, Any] = field(default_factory=dict)  # free-form build information
     session_config: dict[str, str] = field(default_factory=dict)  # ONNX Runtime session config entries
+    tolerance: float = DEFAULT_TOLERANCE  # max |output - ORT-CPU output| for another backend
 
     def verify(self) -> None:
         """Raise :class:`ArtifactIntegrityError` unless the file exists and its sha256 matches."""
@@ -214,6 +222,7 @@ def load_manifest(path: Path | str) -> Manifest:
             block_size=int(block) if block is not None else None,
             build=dict(art.get("build", {})),
             session_config={str(k): str(v) for k, v in art.get("session_config", {}).items()},
+            tolerance=float(_req(art, "tolerance", (int, float), w)) if "tolerance" in art else DEFAULT_TOLERANCE,
         )
     if not artifacts:
         raise ManifestError(f"{where}: [artifacts] is empty")

@@ -10,7 +10,7 @@ A :class:`Pipeline` (``pipelines/<name>.toml``) turns one frame of a validated
 
     modality_lut        stored -> modality units (Rescale Slope/Intercept per frame, or the Modality LUT Seq.)
     window              the pipeline's fixed window (center/width, modality units) or the file's VOI -> [0, 1]
-    invert_monochrome1  1 - x for MONOCHROME1 (pydicom's presentation LUT does not do it; notes/dicom.md §5)
+    invert_monochrome1  1 - x for MONOCHROME1 (pydicom's presentation LUT does not do it; docs/dicom.md)
     resize              area resize to the model's H x W, written straight into the batch slot
     normalize           "none", or (x - mean) / std
 
@@ -37,7 +37,7 @@ and key) and refuses a pipeline that contradicts its model's ``[input.preprocess
 another resize, a missing MONOCHROME1 inversion, another normalisation).
 
 Hot path: every step writes float32 in place in one full-resolution scratch buffer, then the resize writes
-into the caller's slot; pydicom's float64 LUT helpers are not used (notes/dicom.md §3).
+into the caller's slot; pydicom's float64 LUT helpers are not used (docs/dicom.md).
 """
 
 from __future__ import annotations

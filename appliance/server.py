@@ -22,7 +22,6 @@ from grpc_status import rpc_status
 
 from appliance.analyze import Analysis, RequestPath
 from appliance.errors import ApplianceError, InputError
-from appliance.metrics import Metrics
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.work import Priority
@@ -82,14 +81,12 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(
         self,
         path: RequestPath,
-        metrics: Metrics,
         status: Callable[[], pb.Status],
         *,
         stream_window: int,
         log_uid: Callable[[str], str] = lambda uid: "-",
     ) -> None:
         self.path = path
-        self.metrics = metrics
         self.status = status  # GetStatus
         self.stream_window = stream_window  # frames one stream may have admitted at once
         self.log_uid = log_uid  # how a SOP Instance UID may appear in a log line (hashed)
@@ -124,8 +121,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         )
 
     def _finish(self, code: grpc.StatusCode, t0: float, analysis: Analysis | None = None) -> None:
-        total = self.path.clock.monotonic() - t0
-        self.metrics.count_request(code.name, total if code == grpc.StatusCode.OK else None)
+        """Log one answered request (the request path counts every status for metrics)."""
         if analysis is not None:
             log.info("Analyze %s uid=%s frames=%d total=%.1fms", analysis.request_id,
                      self.log_uid(analysis.sop_instance_uid), len(analysis.frames), analysis.total_ms)

@@ -6,11 +6,14 @@ import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from appliance.errors import ApplianceError
+
+if TYPE_CHECKING:
+    from appliance.preprocess import FrameInfo
 
 __all__ = ["ItemState", "Priority", "Request", "WorkItem"]
 
@@ -52,9 +55,19 @@ class WorkItem:
     t_launch: float | None = None  # monotonic time its batch launched
     preprocess_ms: float = 0.0  # decode + preprocess time of this frame
     engine_ms: float = 0.0  # engine time of the batch that carried it
-    frame_info: Any = None  # the worker's appliance.preprocess.FrameInfo (geometry for mapping outputs back)
+    frame_info: FrameInfo | None = None  # from the worker: geometry for mapping outputs back (None for tensors)
     outputs: dict[str, np.ndarray] | None = None  # this item's rows of each engine output
     error: ApplianceError | None = None
+
+    @property
+    def priority(self) -> Priority:
+        """Its request's scheduling class."""
+        return self.request.priority
+
+    @property
+    def deadline(self) -> float | None:
+        """Its request's monotonic deadline, or None."""
+        return self.request.deadline
 
     def __repr__(self) -> str:
         return (

@@ -219,6 +219,7 @@ def fake_config(models_dir: Path, **sections):  # noqa: ANN003, ANN201
         "model": {"models_dir": str(models_dir), "pipelines_dir": str(REPO / "pipelines")},
         "engine": {"backend": "fake", "warmup_runs": 1},
         "thermal": {"sensor": "none"},
+        "metrics": {"listen": "127.0.0.1:0"},  # never the default 9400: daemons in tests must not collide
     }
     for key, values in sections.items():
         overrides.setdefault(key, {}).update(values)

@@ -29,8 +29,12 @@ CT_PREPROCESS = {
 }
 
 
-def write_manifest(models_dir: Path, name: str = "ct-nodule", shape: tuple[int, ...] = (8, 1, 256, 256),
-                   preprocess: dict[str, Any] | None = None) -> Path:
+def write_manifest(
+    models_dir: Path,
+    name: str = "ct-nodule",
+    shape: tuple[int, ...] = (8, 1, 256, 256),
+    preprocess: dict[str, Any] | None = None,
+) -> Path:
     """Write a minimal valid ``models/<name>/model.toml`` (the artifact file need not exist)."""
     pre = CT_PREPROCESS if preprocess is None else preprocess
     pre_lines = "\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in pre.items())
@@ -56,7 +60,7 @@ shape = [{b}, 1]
 [artifacts.fp32]
 file = "{name}.fp32.onnx"
 precision = "fp32"
-sha256 = "{'0' * 64}"
+sha256 = "{"0" * 64}"
 bytes = 1
 """
     path = models_dir / name / "model.toml"
@@ -118,10 +122,18 @@ def write_pipeline(tmp_path: Path, text: str, name: str = "p") -> Path:
     return path
 
 
-def make_dataset(pixels: np.ndarray | None = None, *, rows: int = 4, columns: int = 4,
-                 frames: int | None = None, photometric: str = "MONOCHROME2", modality: str = "CT",
-                 sop_class: str = CTImageStorage,
-                 bits_stored: int = 12, **tags: Any) -> Dataset:
+def make_dataset(
+    pixels: np.ndarray | None = None,
+    *,
+    rows: int = 4,
+    columns: int = 4,
+    frames: int | None = None,
+    photometric: str = "MONOCHROME2",
+    modality: str = "CT",
+    sop_class: str = CTImageStorage,
+    bits_stored: int = 12,
+    **tags: Any,
+) -> Dataset:
     """Return a small native image dataset (uint16 unless ``pixels`` says otherwise) with file meta."""
     if pixels is None:
         shape = (frames, rows, columns) if frames else (rows, columns)

@@ -411,3 +411,44 @@ def test_admitted_frame_no_worker_started_expires_and_frees_its_slot(fake_manife
     assert [i.state for i in req.items] == [ItemState.EXPIRED, ItemState.EXPIRED]
     assert batcher.statistics().depth == 0
     assert not batcher.begin_frame(req.items[0])  # a worker arriving late does not write a freed slot
+
+
+def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest, stop_list):
+    """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
+    batch k's result is collected; rows still come back to their own frames."""
+    import collections
+
+    class Pipelined(FakeEngine):
+        max_in_flight = 2
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.log: list[str] = []
+            self._queue = collections.deque()
+
+        def submit(self, batch):
+            ticket = object()
+            self._queue.append((ticket, batch.copy()))
+            self.log.append("submit")
+            return ticket
+
+        def result(self, ticket):
+            t, batch = self._queue.popleft()
+            assert t is ticket  # oldest first
+            self.log.append("result")
+            return self.run(batch)
+
+    engine = Pipelined(fake_manifest, fake_manifest.artifact(), {})
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.05, queue_capacity=16))
+    stop_list.append(batcher)
+    gate = threading.Event()
+    pipe = StubPipeline()
+    pipe.gate = gate
+    start_batcher(batcher).wait(5)
+    reqs = [submit(batcher, [0.05 * (i + 1)], pipe) for i in range(12)]
+    gate.set()
+    for req, done in reqs:
+        assert done.wait(5)
+        assert req.items[0].outputs["prob"][0] == pytest.approx(req.instance.values[0], abs=1e-6)
+    assert engine.log.count("submit") == engine.log.count("result") == len(engine.batches)
+    assert "submit" in engine.log[engine.log.index("submit") + 1 : engine.log.index("result")], engine.log

@@ -22,7 +22,7 @@ import pytest
 from appliance import benchcost as bc
 from appliance import loadgen, synthetic
 from appliance.bench import main as bench_main
-from appliance.kserve_v2 import _MESSAGES, SERVICE, KServeV2, encode_bytes_tensor
+from appliance.kserve_v2 import KServeV2, encode_bytes_tensor
 from appliance.notify import RecordingNotifier
 from tests.conftest import RunningApp, fake_config
 
@@ -81,39 +81,34 @@ def test_latency_summary_of_nothing_is_zero() -> None:
 
 
 def test_kserve_client_sends_a_length_prefixed_bytes_tensor() -> None:
-    seen: dict[str, object] = {}
-    m = _MESSAGES
-
-    def infer(request, context):  # noqa: ANN001, ANN202
-        seen["model"] = request.model_name
-        seen["inputs"] = [(t.name, t.datatype, list(t.shape)) for t in request.inputs]
-        raw = request.raw_input_contents[0]
-        (n,) = struct.unpack_from("<I", raw, 0)
-        seen["payload"] = raw[4:4 + n]
-        seen["trailing"] = len(raw) - 4 - n
-        resp = m["ModelInferResponse"](model_name=request.model_name)
-        resp.outputs.add(name="prob", datatype="FP32", shape=[1, 1])
-        resp.raw_output_contents.append(np.asarray([0.25], dtype=np.float32).tobytes())
-        return resp
-
-    def ready(request, context):  # noqa: ANN001, ANN202
-        return m["ServerReadyResponse"](ready=True)
-
-    def model_ready(request, context):  # noqa: ANN001, ANN202
-        return m["ModelReadyResponse"](ready=request.name == "ct-nodule")
-
-    handlers = {
-        "ModelInfer": grpc.unary_unary_rpc_method_handler(
-            infer, m["ModelInferRequest"].FromString, m["ModelInferResponse"].SerializeToString),
-        "ServerReady": grpc.unary_unary_rpc_method_handler(
-            ready, m["ServerReadyRequest"].FromString, m["ServerReadyResponse"].SerializeToString),
-        "ModelReady": grpc.unary_unary_rpc_method_handler(
-            model_ready, m["ModelReadyRequest"].FromString, m["ModelReadyResponse"].SerializeToString),
-    }
     from concurrent.futures import ThreadPoolExecutor
 
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+
+    seen: dict[str, object] = {}
+
+    class Servicer(oip_grpc.GRPCInferenceServiceServicer):
+        def ServerReady(self, request, context):  # noqa: ANN001, ANN201, N802
+            return oip.ServerReadyResponse(ready=True)
+
+        def ModelReady(self, request, context):  # noqa: ANN001, ANN201, N802
+            return oip.ModelReadyResponse(ready=request.name == "ct-nodule")
+
+        def ModelInfer(self, request, context):  # noqa: ANN001, ANN201, N802
+            seen["model"] = request.model_name
+            seen["inputs"] = [(t.name, t.datatype, list(t.shape)) for t in request.inputs]
+            raw = request.raw_input_contents[0]
+            (n,) = struct.unpack_from("<I", raw, 0)
+            seen["payload"] = raw[4:4 + n]
+            seen["trailing"] = len(raw) - 4 - n
+            resp = oip.ModelInferResponse(model_name=request.model_name)
+            resp.outputs.add(name="prob", datatype="FP32", shape=[1, 1])
+            resp.raw_output_contents.append(np.asarray([0.25], dtype=np.float32).tobytes())
+            return resp
+
     server = grpc.server(ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:

@@ -45,6 +45,8 @@ warmup_runs = 1
 options = {{ {engine_options} }}
 [thermal]
 sensor = "none"
+[metrics]
+listen = "127.0.0.1:0"
 """
     )
     return cfg

@@ -104,8 +104,7 @@ BAD_INPUTS = [
     ("empty", lambda: b"", DicomError, ["0 bytes"]),
     ("random-bytes", lambda: np.random.default_rng(0).bytes(4096), DicomError, ["DICM"]),
     ("png", _png, DicomError, ["DICM"]),
-    ("preamble-then-random", lambda: b"\x00" * 128 + b"DICM" + np.random.default_rng(1).bytes(512),
-     DicomError, []),
+    ("preamble-then-random", lambda: b"\x00" * 128 + b"DICM" + np.random.default_rng(1).bytes(512), DicomError, []),
     ("header-truncated-300", lambda: to_bytes(make_dataset())[:300], DicomError, []),
     ("no-transfer-syntax", _no_transfer_syntax, DicomError, ["(0002,0010) Transfer Syntax UID"]),
     ("unsupported-syntax", _unsupported_syntax, UnsupportedTransferSyntax, ["1.2.840.10008.1.2.4.100"]),
@@ -114,29 +113,41 @@ BAD_INPUTS = [
     ("columns-missing", lambda: _without("Columns"), DicomError, ["(0028,0011) Columns"]),
     ("bits-stored-gt-allocated", lambda: _with(BitsStored=17), DicomError, ["(0028,0101) Bits Stored"]),
     ("bits-allocated-12", lambda: _with(BitsAllocated=12), DicomError, ["(0028,0100) Bits Allocated"]),
-    ("pixel-representation-missing", lambda: _without("PixelRepresentation"), DicomError,
-     ["(0028,0103) Pixel Representation"]),
+    (
+        "pixel-representation-missing",
+        lambda: _without("PixelRepresentation"),
+        DicomError,
+        ["(0028,0103) Pixel Representation"],
+    ),
     ("samples-missing", lambda: _without("SamplesPerPixel"), DicomError, ["(0028,0002) Samples per Pixel"]),
-    ("rgb-with-1-sample", lambda: _with(PhotometricInterpretation="RGB"), DicomError,
-     ["(0028,0004) Photometric Interpretation", "(0028,0002) Samples per Pixel"]),
-    ("photometric-unknown", lambda: _with(PhotometricInterpretation="CMYK"), DicomError,
-     ["(0028,0004) Photometric Interpretation"]),
+    (
+        "rgb-with-1-sample",
+        lambda: _with(PhotometricInterpretation="RGB"),
+        DicomError,
+        ["(0028,0004) Photometric Interpretation", "(0028,0002) Samples per Pixel"],
+    ),
+    (
+        "photometric-unknown",
+        lambda: _with(PhotometricInterpretation="CMYK"),
+        DicomError,
+        ["(0028,0004) Photometric Interpretation"],
+    ),
     ("frames-0", lambda: _with(NumberOfFrames=0), DicomError, ["(0028,0008) Number of Frames"]),
     ("frames-extra-data", _extra_frames, DicomError, ["(0028,0008) Number of Frames", "holds 2 frames"]),
-    ("frames-too-many", _missing_frames, DicomError,
-     ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
+    ("frames-too-many", _missing_frames, DicomError, ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
     ("rle-fragments-vs-frames", _rle_fragments_mismatch, DicomError, ["(0028,0008) Number of Frames"]),
     ("compressed-syntax-native-pixels", _not_encapsulated, DicomError, ["not encapsulated"]),
     ("sop-class-missing", lambda: _without("SOPClassUID"), DicomError, ["(0008,0016) SOP Class UID"]),
-    ("sop-instance-missing", lambda: _without("SOPInstanceUID"), DicomError,
-     ["(0008,0018) SOP Instance UID"]),
+    ("sop-instance-missing", lambda: _without("SOPInstanceUID"), DicomError, ["(0008,0018) SOP Instance UID"]),
     ("ct-without-pixels", lambda: _without("PixelData"), DicomError, ["(7FE0,0010) Pixel Data", "CT Image"]),
-    ("rescale-slope-0", lambda: _with(RescaleSlope=0, RescaleIntercept=0), DicomError,
-     ["(0028,1053) Rescale Slope"]),
-    ("rescale-slope-beyond-float32", lambda: _with(RescaleSlope="1e300", RescaleIntercept=0), DicomError,
-     ["(0028,1053) Rescale Slope"]),
-    ("rt-plan", lambda: _testdata("rtplan.dcm"), NotApplicable,
-     ["RT Plan Storage", "(7FE0,0010) Pixel Data"]),
+    ("rescale-slope-0", lambda: _with(RescaleSlope=0, RescaleIntercept=0), DicomError, ["(0028,1053) Rescale Slope"]),
+    (
+        "rescale-slope-beyond-float32",
+        lambda: _with(RescaleSlope="1e300", RescaleIntercept=0),
+        DicomError,
+        ["(0028,1053) Rescale Slope"],
+    ),
+    ("rt-plan", lambda: _testdata("rtplan.dcm"), NotApplicable, ["RT Plan Storage", "(7FE0,0010) Pixel Data"]),
     ("sr", lambda: _testdata("reportsi.dcm"), NotApplicable, ["Basic Text SR Storage"]),
     ("ecg", lambda: _testdata("waveform_ecg.dcm"), NotApplicable, ["ECG"]),
     ("dicomdir", lambda: _testdata("DICOMDIR"), NotApplicable, ["DICOMDIR"]),
@@ -144,8 +155,7 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("factory", "error", "needles"), [c[1:] for c in BAD_INPUTS],
-                         ids=[c[0] for c in BAD_INPUTS])
+@pytest.mark.parametrize(("factory", "error", "needles"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
 def test_bad_input_is_rejected_with_a_named_reason(factory, error, needles):
     with pytest.raises(error) as info:
         parse(factory())
@@ -249,9 +259,16 @@ def test_corrupt_jpeg_ls_fails_loudly_naming_syntax_and_plugin():
     assert "JPEG-LS Lossless" in str(info.value) and "pyjpegls" in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["MR_small_bigendian.dcm", "MR_small_RLE.dcm",
-                                  "MR_small_jpeg_ls_lossless.dcm", "MR_small_jp2klossless.dcm",
-                                  "MR_small_implicit.dcm"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "MR_small_bigendian.dcm",
+        "MR_small_RLE.dcm",
+        "MR_small_jpeg_ls_lossless.dcm",
+        "MR_small_jp2klossless.dcm",
+        "MR_small_implicit.dcm",
+    ],
+)
 def test_lossless_syntaxes_decode_to_the_same_values(name):
     reference = parse(_testdata("MR_small.dcm")).decode_frame(0)
     np.testing.assert_array_equal(parse(_testdata(name)).decode_frame(0), reference)
@@ -277,8 +294,7 @@ def test_one_bit_segmentation_and_palette_decode():
 
 
 def test_header_values_per_frame_and_voi_rules():
-    ds = make_dataset(pixels=np.zeros((2, 4, 4), np.uint16), NumberOfFrames=2,
-                      sop_class=EnhancedCTImageStorage)
+    ds = make_dataset(pixels=np.zeros((2, 4, 4), np.uint16), NumberOfFrames=2, sop_class=EnhancedCTImageStorage)
     groups = []
     for intercept in (-1024, -1000):
         item, pvt = Dataset(), Dataset()

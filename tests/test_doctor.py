@@ -12,8 +12,11 @@ from appliance.cli import main as cli_main
 def test_backends_json_names_what_is_missing(capsys) -> None:
     assert cli_main(["backends", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["engines"]["onnxruntime-cpu"] is None
-    assert "CUDAExecutionProvider" in report["engines"]["onnxruntime-cuda"]
+    cpu = report["engines"]["onnxruntime-cpu"]
+    assert cpu["available"] is True and cpu["reason"] is None and "onnxruntime" in cpu["needs"]
+    cuda = report["engines"]["onnxruntime-cuda"]
+    assert not cuda["available"]
+    assert "CUDAExecutionProvider" in cuda["reason"] or "cannot load" in cuda["reason"]
     assert all(info["available"] for info in report["decoders"].values())
 
 
@@ -28,12 +31,24 @@ def test_doctor_thermal_sim_commissions_the_simulated_plant(capsys) -> None:
 
 
 def test_doctor_gpu_says_plainly_there_is_no_gpu(capsys) -> None:
+    from appliance.doctor_gpu import EXIT_NO_GPU
+
     rc = cli_main(["doctor", "--gpu", "--json"])
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
-    assert rc == 1
+    assert rc == EXIT_NO_GPU == 3
+    assert not checks["gpu"]["ok"] and checks["gpu"]["detail"].startswith("NO USABLE NVIDIA GPU on this machine: ")
+    assert "no NVIDIA driver" in checks["gpu"]["detail"] or "cuda-bindings is not installed" in checks["gpu"]["detail"]
     assert not checks["nvml"]["ok"] and "no GPU" in checks["nvml"]["detail"]
-    assert not checks["engine onnxruntime-cuda"]["ok"]
-    assert "no TensorRT backend" in checks["tensorrt"]["detail"]
+    assert not checks["tensorrt import"]["ok"] and "pypi.nvidia.com" in checks["tensorrt import"]["detail"]
+    env = checks["environment"]["data"]
+    assert env["packages"]["edge-appliance"] and "python" in env
+    assert not {"tensorrt w4a16", "tensorrt fp16", "end-to-end (daemon)"} & set(checks)  # nothing pretends to run
+
+
+def test_doctor_gpu_text_says_no_gpu_and_the_exit_status(capsys) -> None:
+    assert cli_main(["doctor", "--gpu"]) == 3
+    out = capsys.readouterr().out
+    assert "[FAIL] gpu: NO USABLE NVIDIA GPU" in out and "exit status 3" in out
 
 
 @pytest.mark.parametrize("argv", [["doctor", "--thermal"]])

@@ -10,8 +10,14 @@ import pytest
 from appliance.governor import Governor, GovernorState, ThermalConfig
 
 
-def drive(gov: Governor, temps: list[float | None], t0: float = 0.0, power: float | None = 400.0,
-          busy: float | None = 1.0, error: str | None = None) -> list[float]:
+def drive(
+    gov: Governor,
+    temps: list[float | None],
+    t0: float = 0.0,
+    power: float | None = 400.0,
+    busy: float | None = 1.0,
+    error: str | None = None,
+) -> list[float]:
     """Feed one sample per second; return the duties."""
     return [gov.update(t0 + i, t, power, busy, error=error) for i, t in enumerate(temps)]
 
@@ -24,10 +30,19 @@ def test_defaults_and_signature() -> None:
     assert gov.last_decision.duty == duty and gov.last_decision.state is gov.state
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("setpoint_c", 76.0), ("min_duty", -0.1), ("blind_duty", 1.5), ("ti_s", 0.0), ("p_idle_w", 600.0),
-    ("guard_c", 71.0), ("recover_samples", 0), ("kp_hot_w_per_c", float("nan")),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("setpoint_c", 76.0),
+        ("min_duty", -0.1),
+        ("blind_duty", 1.5),
+        ("ti_s", 0.0),
+        ("p_idle_w", 600.0),
+        ("guard_c", 71.0),
+        ("recover_samples", 0),
+        ("kp_hot_w_per_c", float("nan")),
+    ],
+)
 def test_config_validation_names_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         ThermalConfig(**{field: value})
@@ -38,8 +53,12 @@ def test_duty_in_range_and_hotter_never_raises_duty() -> None:
     cfg = ThermalConfig()
     for _ in range(200):
         gov = Governor(cfg)
-        drive(gov, [rng.uniform(60, 74) for _ in range(rng.randint(1, 40))], power=rng.uniform(100, 575),
-              busy=rng.uniform(0, 1))
+        drive(
+            gov,
+            [rng.uniform(60, 74) for _ in range(rng.randint(1, 40))],
+            power=rng.uniform(100, 575),
+            busy=rng.uniform(0, 1),
+        )
         state = gov.state
         t = rng.uniform(60, 76)
         a, b = copy.deepcopy(gov), copy.deepcopy(gov)
@@ -86,7 +105,7 @@ def test_error_hold_blind_recover() -> None:
     assert duties[:3] == [held] * 3 and gov.state is GovernorState.BLIND
     assert duties[-1] == cfg.blind_duty
     duties = drive(gov, [72.0] * 6, t0=36)
-    assert duties[:cfg.recover_samples - 1] == [cfg.blind_duty] * (cfg.recover_samples - 1)
+    assert duties[: cfg.recover_samples - 1] == [cfg.blind_duty] * (cfg.recover_samples - 1)
     assert gov.state in (GovernorState.THROTTLING, GovernorState.REGULATING)
 
 

@@ -46,7 +46,9 @@ def test_ruff_clean() -> None:
         pytest.skip("ruff not installed (it is in the dev extra)")
     proc = subprocess.run(
         [ruff, "check", "--output-format", "concise", "appliance", "tests"],
-        cwd=REPO, capture_output=True, text=True, check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-

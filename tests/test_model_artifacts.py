@@ -38,7 +38,11 @@ def test_manifest_verifies(manifest: Manifest) -> None:
     assert manifest.input.shape == (8, 1, 256, 256) and manifest.input.dtype == "float32"
     pre = manifest.input.preprocess
     assert (pre["window_center"], pre["window_width"], pre["resize"], pre["normalize"]) == (
-        -600.0, 1500.0, "area", "window_unit")
+        -600.0,
+        1500.0,
+        "area",
+        "window_unit",
+    )
     assert [o.name for o in manifest.outputs] == ["prob", "heatmap"]
     assert manifest.postprocess["heatmap_stride_px"] * manifest.outputs[1].shape[1] == 256
     for art in manifest.artifacts.values():
@@ -107,11 +111,12 @@ def test_metric_helpers() -> None:
 def test_small_eval_runs_and_is_sane() -> None:
     buf = io.StringIO()
     with redirect_stdout(buf):
-        rc = eval_main(["ct-nodule", "--seed", "777", "--n", "64", "--json", "--no-timing",
-                        "--models-dir", str(MODEL_DIR.parent)])
+        rc = eval_main(
+            ["ct-nodule", "--seed", "777", "--n", "64", "--json", "--no-timing", "--models-dir", str(MODEL_DIR.parent)]
+        )
     assert rc == 0
     result = json.loads(buf.getvalue())
-    assert set(result["metrics"]) == {"fp32", "int4"}
+    assert set(result["metrics"]) == {"fp32", "int4", "fp16", "w4a16"}
     for m in result["metrics"].values():
         assert m["n"] == 64 and 0 < m["n_pos"] < 64
         assert m["auc"] >= 0.75
@@ -119,7 +124,9 @@ def test_small_eval_runs_and_is_sane() -> None:
 
 
 def test_runtime_modules_do_not_import_torch() -> None:
-    code = ("import sys, appliance.synthetic, appliance.modelbuild.cli, appliance.modelbuild.evaluate, "
-            "appliance.modelbuild.quantize, appliance.modelbuild.data; print('torch' in sys.modules)")
+    code = (
+        "import sys, appliance.synthetic, appliance.modelbuild.cli, appliance.modelbuild.evaluate, "
+        "appliance.modelbuild.quantize, appliance.modelbuild.data; print('torch' in sys.modules)"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"

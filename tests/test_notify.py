@@ -67,9 +67,7 @@ def test_sd_notify_without_socket_is_a_noop() -> None:
     assert sd_notify("READY=1", env={"NOTIFY_SOCKET": ""}) is False
 
 
-def test_sd_notify_send_failure_returns_false_and_warns_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_sd_notify_send_failure_returns_false_and_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = {"NOTIFY_SOCKET": f"{tmp_path}/missing.sock"}
     with caplog.at_level(logging.WARNING, logger="appliance.notify"):
         assert sd_notify("READY=1", env=env) is False

@@ -43,8 +43,7 @@ def _steps_toml(steps: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run_tiny(tmp_path: Path, steps: list[tuple[str, dict[str, Any]]], pixels: np.ndarray,
-              **tags: Any) -> np.ndarray:
+def _run_tiny(tmp_path: Path, steps: list[tuple[str, dict[str, Any]]], pixels: np.ndarray, **tags: Any) -> np.ndarray:
     """Run a contract-free pipeline with a (1, 2, 2) input on one tiny frame; return the 2 x 2 output."""
     write_manifest(tmp_path / "models", name="m", shape=(1, 1, 2, 2), preprocess={})
     pipeline = load_pipeline(write_pipeline(tmp_path, _steps_toml(steps)), tmp_path / "models")
@@ -76,33 +75,83 @@ A = np.asarray
 
 # (id, steps, stored pixels, dataset tags, expected 2 x 2 output)
 REFERENCE = [
-    ("modality-lut-and-window", [M, W(0, 2000), R], A([[0, 1024], [2048, 4095]]),
-     {"RescaleSlope": 1, "RescaleIntercept": -1024}, [[0.0, 0.5], [1.0, 1.0]]),
-    ("rescale-slope-half", [M, W(0, 400), R], A([[0, 200], [400, 1000]]),
-     {"RescaleSlope": 0.5, "RescaleIntercept": -100}, [[0.25, 0.5], [0.75, 1.0]]),
-    ("no-modality-lut-step-ignores-rescale", [W(100, 200), R], A([[0, 50], [100, 200]]),
-     {"RescaleIntercept": -1024}, [[0.0, 0.25], [0.5, 1.0]]),
-    ("modality-lut-sequence", [M, W(25, 40), R], A([[0, 1], [2, 5]]),
-     {"ModalityLUTSequence": _lut_sequence()}, [[0.125, 0.375], [0.625, 0.875]]),
-    ("window-from-file-voi", [W(0, 2000, "file"), R], A([[0, 100], [150, 200]]),
-     {"WindowCenter": 100, "WindowWidth": 200}, [[0.0, 0.5], [0.75, 1.0]]),
-    ("window-file-width-0-falls-back", [W(1000, 2000, "file"), R], A([[0, 100], [150, 200]]),
-     {"WindowCenter": 100, "WindowWidth": 0}, [[0.0, 0.05], [0.075, 0.1]]),
-    ("invert-monochrome1", [W(100, 200), INV, R], A([[0, 50], [100, 200]]),
-     {"PhotometricInterpretation": "MONOCHROME1"}, [[1.0, 0.75], [0.5, 0.0]]),
-    ("invert-leaves-monochrome2", [W(100, 200), INV, R], A([[0, 50], [100, 200]]), {},
-     [[0.0, 0.25], [0.5, 1.0]]),
-    ("resize-area-4x4-to-2x2", [W(80, 160), R], A(np.arange(16).reshape(4, 4) * 10), {},
-     [[2.5 / 16, 4.5 / 16], [10.5 / 16, 12.5 / 16]]),
-    ("normalize-meanstd", [W(100, 200), R, ("normalize", {"kind": "meanstd", "mean": 0.5, "std": 0.25})],
-     A([[0, 50], [100, 200]]), {}, [[-2.0, -1.0], [0.0, 2.0]]),
-    ("normalize-none", [W(100, 200), R, ("normalize", {"kind": "none"})], A([[0, 50], [100, 200]]), {},
-     [[0.0, 0.25], [0.5, 1.0]]),
+    (
+        "modality-lut-and-window",
+        [M, W(0, 2000), R],
+        A([[0, 1024], [2048, 4095]]),
+        {"RescaleSlope": 1, "RescaleIntercept": -1024},
+        [[0.0, 0.5], [1.0, 1.0]],
+    ),
+    (
+        "rescale-slope-half",
+        [M, W(0, 400), R],
+        A([[0, 200], [400, 1000]]),
+        {"RescaleSlope": 0.5, "RescaleIntercept": -100},
+        [[0.25, 0.5], [0.75, 1.0]],
+    ),
+    (
+        "no-modality-lut-step-ignores-rescale",
+        [W(100, 200), R],
+        A([[0, 50], [100, 200]]),
+        {"RescaleIntercept": -1024},
+        [[0.0, 0.25], [0.5, 1.0]],
+    ),
+    (
+        "modality-lut-sequence",
+        [M, W(25, 40), R],
+        A([[0, 1], [2, 5]]),
+        {"ModalityLUTSequence": _lut_sequence()},
+        [[0.125, 0.375], [0.625, 0.875]],
+    ),
+    (
+        "window-from-file-voi",
+        [W(0, 2000, "file"), R],
+        A([[0, 100], [150, 200]]),
+        {"WindowCenter": 100, "WindowWidth": 200},
+        [[0.0, 0.5], [0.75, 1.0]],
+    ),
+    (
+        "window-file-width-0-falls-back",
+        [W(1000, 2000, "file"), R],
+        A([[0, 100], [150, 200]]),
+        {"WindowCenter": 100, "WindowWidth": 0},
+        [[0.0, 0.05], [0.075, 0.1]],
+    ),
+    (
+        "invert-monochrome1",
+        [W(100, 200), INV, R],
+        A([[0, 50], [100, 200]]),
+        {"PhotometricInterpretation": "MONOCHROME1"},
+        [[1.0, 0.75], [0.5, 0.0]],
+    ),
+    ("invert-leaves-monochrome2", [W(100, 200), INV, R], A([[0, 50], [100, 200]]), {}, [[0.0, 0.25], [0.5, 1.0]]),
+    (
+        "resize-area-4x4-to-2x2",
+        [W(80, 160), R],
+        A(np.arange(16).reshape(4, 4) * 10),
+        {},
+        [[2.5 / 16, 4.5 / 16], [10.5 / 16, 12.5 / 16]],
+    ),
+    (
+        "normalize-meanstd",
+        [W(100, 200), R, ("normalize", {"kind": "meanstd", "mean": 0.5, "std": 0.25})],
+        A([[0, 50], [100, 200]]),
+        {},
+        [[-2.0, -1.0], [0.0, 2.0]],
+    ),
+    (
+        "normalize-none",
+        [W(100, 200), R, ("normalize", {"kind": "none"})],
+        A([[0, 50], [100, 200]]),
+        {},
+        [[0.0, 0.25], [0.5, 1.0]],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("steps", "pixels", "tags", "expected"), [c[1:] for c in REFERENCE],
-                         ids=[c[0] for c in REFERENCE])
+@pytest.mark.parametrize(
+    ("steps", "pixels", "tags", "expected"), [c[1:] for c in REFERENCE], ids=[c[0] for c in REFERENCE]
+)
 def test_reference_table(tmp_path, steps, pixels, tags, expected):
     out = _run_tiny(tmp_path, steps, pixels, **tags)
     np.testing.assert_allclose(out, np.asarray(expected, dtype=np.float32), rtol=0, atol=1e-6)
@@ -117,8 +166,7 @@ def test_monochrome1_cr_comes_out_inverted(tmp_path):
     # Like RG1_UNCI.dcm: a 12-bit MONOCHROME1 CR with a VOI window and no Presentation LUT Shape.
     rng = np.random.default_rng(7)
     stored = rng.integers(0, 4096, size=(128, 128)).astype(np.uint16)
-    tags = {"modality": "CR", "WindowCenter": 2000, "WindowWidth": 3000, "RescaleSlope": 1,
-            "RescaleIntercept": 0}
+    tags = {"modality": "CR", "WindowCenter": 2000, "WindowWidth": 3000, "RescaleSlope": 1, "RescaleIntercept": 0}
     pipeline = any_grey_pipeline(tmp_path)
     outs = {}
     for photometric in ("MONOCHROME1", "MONOCHROME2"):
@@ -130,8 +178,10 @@ def test_monochrome1_cr_comes_out_inverted(tmp_path):
     assert 0.0 <= outs["MONOCHROME1"].min() and outs["MONOCHROME1"].max() <= 1.0
 
 
-@pytest.mark.parametrize(("src", "dst"), [((512, 512), (256, 256)), ((384, 384), (256, 256)),
-                                          ((256, 256), (256, 256)), ((100, 60), (64, 64))])
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [((512, 512), (256, 256)), ((384, 384), (256, 256)), ((256, 256), (256, 256)), ((100, 60), (64, 64))],
+)
 def test_resize_into_slot_is_bit_identical_to_resize_area(src, dst):
     image = np.random.default_rng(0).random(src, dtype=np.float32)
     out = np.empty(dst, np.float32)
@@ -143,8 +193,7 @@ def test_resize_into_slot_is_bit_identical_to_resize_area(src, dst):
 def test_ct_pipeline_matches_the_training_contract_exactly(tmp_path, size):
     rng = np.random.default_rng(size)
     stored = rng.integers(0, 4096, size=(size, size)).astype(np.uint16)
-    inst = parse(to_bytes(make_dataset(pixels=stored, RescaleSlope=1, RescaleIntercept=-1024,
-                                       PixelSpacing=[0.7, 0.7])))
+    inst = parse(to_bytes(make_dataset(pixels=stored, RescaleSlope=1, RescaleIntercept=-1024, PixelSpacing=[0.7, 0.7])))
     pipeline = ct_pipeline(tmp_path)
     pipeline.check(inst)
     out = np.empty(pipeline.input_shape, np.float32)
@@ -195,7 +244,7 @@ BASE = CT_PIPELINE_TOML.read_text(encoding="utf-8")
 
 # (id, replace this, with this, substrings of the ConfigError message)
 CONFIG_ERRORS = [
-    ("unknown-top-key", 'format_version = 1', 'format_version = 1\nwindow = 3', ["unknown key 'window'"]),
+    ("unknown-top-key", "format_version = 1", "format_version = 1\nwindow = 3", ["unknown key 'window'"]),
     ("unknown-step", 'name = "invert_monochrome1"', 'name = "blur"', ["steps[2].name", "'blur'"]),
     ("unknown-param", "width = 1500.0", "width = 1500.0\ncentre = 1.0", ["(window)", "unknown key 'centre'"]),
     ("wrong-type", "width = 1500.0", 'width = "wide"', ["(window).width"]),
@@ -205,8 +254,12 @@ CONFIG_ERRORS = [
     ("resize-method", 'method = "area"', 'method = "bicubic"', ["(resize).method"]),
     ("normalize-kind", 'kind = "none"', 'kind = "zscore"', ["(normalize).kind"]),
     ("order", 'name = "modality_lut"', 'name = "normalize"', ["steps[1].name", "after"]),
-    ("accept-unknown-key", 'colour = "reject"', 'colour = "reject"\nbody_parts = ["CHEST"]',
-     ["[accept]", "unknown key 'body_parts'"]),
+    (
+        "accept-unknown-key",
+        'colour = "reject"',
+        'colour = "reject"\nbody_parts = ["CHEST"]',
+        ["[accept]", "unknown key 'body_parts'"],
+    ),
     ("accept-colour", 'colour = "reject"', 'colour = "keep"', ["[accept].colour"]),
     ("sop-class-keyword", '"CTImageStorage",', '"CTImageStorag",', ["sop_classes", "'CTImageStorag'"]),
     ("model-missing", 'model = "ct-nodule"', 'model = "nope"', ["model = 'nope'"]),
@@ -219,8 +272,7 @@ CONFIG_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "needles"), [c[1:] for c in CONFIG_ERRORS],
-                         ids=[c[0] for c in CONFIG_ERRORS])
+@pytest.mark.parametrize(("old", "new", "needles"), [c[1:] for c in CONFIG_ERRORS], ids=[c[0] for c in CONFIG_ERRORS])
 def test_config_errors_name_file_and_key(tmp_path, old, new, needles):
     assert old in BASE
     write_manifest(tmp_path / "models")
@@ -266,7 +318,7 @@ def test_repository_pipelines_load_against_the_real_models_when_present():
 # ------------------------------------------------------------------------------------------------------
 # appliance.synthetic: every transfer syntax it writes decodes and matches its model_input
 
-synthetic = pytest.importorskip("appliance.synthetic", reason="appliance/synthetic.py not written yet")
+from appliance import synthetic  # noqa: E402 - a broken import must fail, not skip
 
 
 def test_synthetic_every_transfer_syntax_matches_model_input(tmp_path):

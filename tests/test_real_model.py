@@ -19,7 +19,9 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def server():
-    cfg = load_config(None, {"server": {"listen": ["127.0.0.1:0"]}, "thermal": {"sensor": "none"}})
+    cfg = load_config(
+        None, {"server": {"listen": ["127.0.0.1:0"]}, "thermal": {"sensor": "none"}, "metrics": {"listen": ""}}
+    )
     app = RunningApp(cfg, notifier=RecordingNotifier())
     with grpc.insecure_channel(app.target) as channel:
         yield app, pb_grpc.InferenceStub(channel)

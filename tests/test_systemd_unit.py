@@ -38,9 +38,7 @@ def _unit_with_existing_binaries(tmp_path: Path, *, enable_power_limit: bool = F
 
 
 def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["systemd-analyze", *map(str, args)], capture_output=True, text=True, timeout=60, check=False
-    )
+    return subprocess.run(["systemd-analyze", *map(str, args)], capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.mark.parametrize("enable_power_limit", [False, True], ids=["as-shipped", "power-limit-enabled"])

@@ -26,10 +26,10 @@ from tests.conftest import RunningApp, fake_config
 
 
 @contextlib.contextmanager
-def nvml_app(models_dir: Path, nvml: FakePynvml) -> Iterator[RunningApp]:
+def nvml_app(models_dir: Path, nvml: FakePynvml, **sections) -> Iterator[RunningApp]:  # noqa: ANN003
     """A daemon whose governor reads the fake NVML; yields once the first reading shows in the status."""
     controller = ThermalController(NvmlThermometer(0, nvml), Governor(ThermalConfig()), clock=RealClock())
-    cfg = fake_config(models_dir, thermal={"sensor": "nvml", "period_s": 0.05})
+    cfg = fake_config(models_dir, thermal={"sensor": "nvml", "period_s": 0.05}, **sections)
     app = RunningApp(cfg, notifier=RecordingNotifier(), thermal=controller)
     try:
         _until(lambda: _status(app.target).thermal.temperature_c == nvml.temperature)
@@ -122,15 +122,19 @@ def test_serve_thermal_sim_reports_the_plant(models_dir: Path) -> None:
 
 def test_lost_gpu_answers_queued_work_and_stops_the_watchdog(models_dir: Path) -> None:
     nvml = FakePynvml(temperature=60)
-    with nvml_app(models_dir, nvml) as app:
+    slow_engine = {"options": {"latency_s": 2.0}}  # the first batch holds the engine
+    with nvml_app(models_dir, nvml, engine=slow_engine) as app:
         assert app.app._heartbeat() > 0
-        app.app.pacer.set_duty(0.0)  # hold dispatch so a request is queued when the GPU goes
         with grpc.insecure_channel(app.target) as ch:
             data = synthetic.to_dicom(synthetic.generate_slice(7, size=512))
-            queued = pb_grpc.InferenceStub(ch).Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
+            stub = pb_grpc.InferenceStub(ch)
+            running = stub.Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
+            _until(lambda: len(app.app.engine.batches) == 1, 5)  # recorded as it starts: the engine is busy
+            queued = stub.Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
             _until(lambda: app.app.batcher.statistics().depth == 1, 5)
             nvml.fail["nvmlDeviceGetTemperatureV"] = nvml.NVML_ERROR_GPU_IS_LOST
             with pytest.raises(grpc.RpcError) as e:
                 queued.result()
+            running.result()  # the batch already on the engine finishes
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert app.app._heartbeat() == float("-inf")  # WATCHDOG=1 stops: systemd restarts the service

@@ -34,7 +34,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "heatsink-slow-delay3": {"plant": P5090.scaled(heatsink_scale=2.0), "sensor": SensorParams(3.0)},
     "5090-delay3-round-noisy": {"sensor": SensorParams(3.0, "round", 0.5)},
     "pro6000maxq-heatsink-fast-delay2": {
-        "plant": PRESETS["pro6000maxq"].scaled(heatsink_scale=0.5), "sensor": SensorParams(2.0),
+        "plant": PRESETS["pro6000maxq"].scaled(heatsink_scale=0.5),
+        "sensor": SensorParams(2.0),
     },
 }
 FAST = ["4090", "delay3", "round", "heatsink-slow", "heatsink-fast", "no-power-readings", "5090-delay3-round-noisy"]
@@ -78,8 +79,9 @@ def test_robustness_full_day(name: str, request: pytest.FixtureRequest) -> None:
 @pytest.mark.parametrize("fault", [f for f in ts.FAULT_KINDS if f != "none"])
 @pytest.mark.parametrize("delay", [1.0, 3.0])
 def test_faults_on_profile(profile6: ts.Profile, fault: str, delay: float) -> None:
-    prof = ts.Profile(profile6.demand, profile6.ambient, profile6.fan_scale,
-                      ts.fault_schedule(fault, len(profile6.demand), 0.25))
+    prof = ts.Profile(
+        profile6.demand, profile6.ambient, profile6.fan_scale, ts.fault_schedule(fault, len(profile6.demand), 0.25)
+    )
     out = ts.evaluate(prof, sensor=SensorParams(delay), fault=fault)
     check(out)
     if fault == "lost":

@@ -19,8 +19,16 @@ from appliance.thermometers import (
 
 # code, error kind expected in Reading.error when the temperature read fails with it
 TEMPERATURE_ERRORS = [
-    (1, "uninitialized"), (3, "not_supported"), (4, "no_permission"), (9, "lost"), (10, "timeout"),
-    (15, "lost"), (16, "reset_required"), (27, "read_error"), (999, "unknown"), (2, "read_error"),
+    (1, "uninitialized"),
+    (3, "not_supported"),
+    (4, "no_permission"),
+    (9, "lost"),
+    (10, "timeout"),
+    (15, "lost"),
+    (16, "reset_required"),
+    (27, "read_error"),
+    (999, "unknown"),
+    (2, "read_error"),
 ]
 
 
@@ -97,10 +105,14 @@ def test_field_values_checked_per_field() -> None:
     assert out == {193: 98.0, 194: 91.0, 195: "lost", 196: "not_supported", 999: "not_supported"}
 
 
-@pytest.mark.parametrize(("init_error", "count", "why"), [
-    (12, 1, "no GPU: NVML library not found"), (9, 1, "no GPU: NVIDIA driver not loaded"),
-    (None, 0, "no GPU: NVML reports 0 device(s)"),
-])
+@pytest.mark.parametrize(
+    ("init_error", "count", "why"),
+    [
+        (12, 1, "no GPU: NVML library not found"),
+        (9, 1, "no GPU: NVIDIA driver not loaded"),
+        (None, 0, "no GPU: NVML reports 0 device(s)"),
+    ],
+)
 def test_cpu_only_box_is_unavailable(init_error: int | None, count: int, why: str) -> None:
     nv = FakePynvml(device_count=count, init_error=init_error)
     therm = make_thermometer("auto", nvml=nv)
@@ -109,7 +121,13 @@ def test_cpu_only_box_is_unavailable(init_error: int | None, count: int, why: st
     ctl = ThermalController(therm, clock=ManualClock())
     snap = ctl.snapshot()
     assert (snap.enabled, snap.state, snap.duty, ctl.tick(), ctl.serving, ctl.degraded) == (
-        False, "DISABLED", 1.0, 1.0, True, False)
+        False,
+        "DISABLED",
+        1.0,
+        1.0,
+        True,
+        False,
+    )
     assert snap.reason.startswith("no GPU")
 
 

@@ -9,6 +9,10 @@ Contract:
 - A failure of one batch raises :class:`~appliance.errors.EngineError`; a failure after which no batch can
   run (device lost, context corrupt) raises :class:`~appliance.errors.EngineDeadError`.
 - ``backend`` names what *actually* runs (e.g. ``onnxruntime:CPUExecutionProvider``), never what was asked.
+- Pipelining (optional for callers): ``submit(batch)`` returns a ticket and ``result(ticket)`` the outputs,
+  oldest first, with at most ``max_in_flight`` tickets outstanding. The default runs the batch inside
+  ``submit`` (``max_in_flight`` 1); the TensorRT engine returns at once and copies the next batch while the
+  previous one computes (``max_in_flight`` 2). ``run(batch)`` is always ``result(submit(batch))``-equivalent.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class Engine(abc.ABC):
     name: ClassVar[str] = ""
     #: Python distributions this backend needs, name -> why (shown by `appliance backends`).
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
+    #: Batches that may be submitted before the oldest result is collected (see the module docstring).
+    max_in_flight: ClassVar[int] = 1
 
     def __init__(self, manifest: Manifest, artifact: Artifact, options: EngineOptions | None = None) -> None:
         self.manifest = manifest
@@ -76,6 +82,24 @@ class Engine(abc.ABC):
             if value.shape[:1] != (self.batch_size,):
                 raise EngineError(f"engine output {key!r} has shape {list(value.shape)}, expected first dim B")
         return outputs
+
+    def submit(self, batch: np.ndarray) -> Any:
+        """Start one batch; return a ticket for :meth:`result` (default: runs it now)."""
+        pending = getattr(self, "_pending_results", None)
+        if pending is None:
+            pending = self._pending_results = {}
+        if len(pending) >= self.max_in_flight:
+            raise EngineError(f"{self.max_in_flight} batch(es) already in flight: collect a result first")
+        ticket = object()
+        pending[ticket] = self.run(batch)
+        return ticket
+
+    def result(self, ticket: Any) -> dict[str, np.ndarray]:
+        """Return the outputs of a submitted batch."""
+        try:
+            return self._pending_results.pop(ticket)
+        except (AttributeError, KeyError):
+            raise EngineError("result() for a ticket that was not submitted (or already collected)") from None
 
     def warmup(self, runs: int = 2) -> None:
         """Run ``runs`` zero batches so lazy initialisation happens before READY."""

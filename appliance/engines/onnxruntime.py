@@ -1,14 +1,29 @@
-"""ONNX Runtime backends: CPU (the embedded default) and CUDA.
+"""ONNX Runtime backends: CPU (the embedded default and the reference), CUDA, and the TensorRT provider.
 
-Session settings follow notes/engines.md §8–9: ``ORT_ENABLE_ALL`` (fuses INT4 DQ->MatMul into MatMulNBits),
-``ORT_SEQUENTIAL``, one inter-op thread, and intra-op threads = the cores not used by DICOM decoding (1 on a
-small box: two threads on a shared core are 1.6-2.2x slower than one). ORT falls back to the CPU silently
-(§7), so after creating the session we compare the provider that actually runs with the one we asked for.
+Session settings (docs/gpu.md): ``ORT_ENABLE_ALL`` (fuses INT4 DQ->MatMul into MatMulNBits on the CPU),
+``ORT_SEQUENTIAL``, one inter-op thread, intra-op threads = the cores not used by DICOM decoding.
+
+ONNX Runtime falls back to the CPU silently, so a GPU backend:
+
+* is probed by :func:`probe_provider` by actually trying, in this order: the ``onnxruntime`` module, the two
+  distributions never installed together, the provider in this build, its shared library loading (the dlopen
+  error names the missing CUDA/cuDNN/TensorRT library), the CUDA driver and device (``cudaGetDeviceCount``
+  through cuda-bindings), and finally a session on a tiny graph with ``session.disable_cpu_ep_fallback=1``;
+* creates its own session with ``session.disable_cpu_ep_fallback=1`` and checks ``get_providers()[0]``:
+  a CPU fallback is :class:`~appliance.errors.BackendUnavailable`, never a silent downgrade.
+
+The CUDA backend binds fixed device buffers (IOBinding) and sets ``enable_cuda_graph``, so after the first run
+ONNX Runtime replays a CUDA graph; new inputs are copied into the same buffer with ``update_inplace``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import importlib.metadata
 import logging
+import re
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,15 +31,121 @@ import numpy as np
 from appliance.engines.base import Engine
 from appliance.errors import BackendUnavailable, EngineDeadError, EngineError
 
-__all__ = ["OrtCpuEngine", "OrtCudaEngine"]
+__all__ = [
+    "PROBE_GRAPH",
+    "OrtCpuEngine",
+    "OrtCudaEngine",
+    "OrtTensorrtEngine",
+    "check_distributions",
+    "probe_provider",
+]
 
 log = logging.getLogger(__name__)
+
+#: A 108-byte ONNX graph (y = x + x, [1, 8] float32) used to try a provider for real.
+PROBE_GRAPH = Path(__file__).with_name("probe.onnx")
+
+_LIBS = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "tensorrt"}
 
 
 def _ort() -> Any:
     import onnxruntime
 
     return onnxruntime
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_distributions() -> str | None:
+    """Return an error if both ``onnxruntime`` and ``onnxruntime-gpu`` are installed, else None.
+
+    Both provide the ``onnxruntime`` module; installed together, one shadows the other and only the CPU
+    provider remains. The daemon refuses to start on this (``[cpu]`` and ``[gpu]`` are exclusive extras).
+    """
+    cpu, gpu = _installed("onnxruntime"), _installed("onnxruntime-gpu")
+    if cpu and gpu:
+        return (f"onnxruntime {cpu} and onnxruntime-gpu {gpu} are both installed; they provide the same "
+                "module and shadow each other: pip uninstall -y onnxruntime onnxruntime-gpu, then install "
+                "exactly one extra ('edge-appliance[cpu]' or '[gpu]')")
+    return None
+
+
+def _library_error(ort: Any, provider: str) -> str | None:
+    """dlopen the provider's shared library as ONNX Runtime would; return the loader's error or None."""
+    short = _LIBS[provider]
+    capi = Path(ort.__file__).parent / "capi"
+    lib = capi / f"libonnxruntime_providers_{short}.so"
+    if not lib.is_file():
+        return f"{lib.name} is not part of this onnxruntime installation"
+    try:
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(lib))
+    except OSError as e:
+        text = str(e)
+        missing = re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", text)
+        what = missing.group(1) if missing else text
+        hint = ("TensorRT 10 libraries (libnvinfer.so.10: docs/gpu.md)" if "nvinfer" in what or
+                "nvonnxparser" in what else "CUDA 13 / cuDNN 9 libraries (pip install "
+                "'onnxruntime-gpu[cuda,cudnn]' or the system CUDA toolkit: docs/gpu.md)")
+        return f"{lib.name} cannot load: {what} not found; install the {hint}"
+    return None
+
+
+def _device_error() -> str | None:
+    """Ask CUDA whether a driver and a device exist (cuda-bindings if installed, else libcuda directly)."""
+    from appliance.engines.cuda import probe_device
+
+    try:
+        import cuda.bindings.runtime  # noqa: F401 - only to know whether the binding is there
+    except ImportError:
+        try:
+            libcuda = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return "no NVIDIA driver: libcuda.so.1 cannot be loaded"
+        count = ctypes.c_int(0)
+        if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+            return "no CUDA GPU: the NVIDIA driver is loaded but reports no device"
+        return None
+    info = probe_device()
+    return None if info.ok else info.reason
+
+
+@functools.cache
+def probe_provider(provider: str) -> str | None:
+    """Return None if ``provider`` really runs a session here, else every reason it does not (cached)."""
+    try:
+        ort = _ort()
+    except ImportError:
+        return "onnxruntime is not installed (pip install 'edge-appliance[cpu]' or '[gpu]')"
+    both = check_distributions()
+    if both:
+        return both
+    available = ort.get_available_providers()
+    if provider not in available:
+        wheel = "onnxruntime-gpu" if _installed("onnxruntime-gpu") else "onnxruntime (the CPU wheel)"
+        return (f"{provider} is not in this build ({wheel} {ort.__version__} has {', '.join(available)}); "
+                "the GPU backends need onnxruntime-gpu (the [gpu] extra)")
+    if provider == "CPUExecutionProvider":
+        return None
+    reasons = [r for r in (_library_error(ort, provider), _device_error()) if r]
+    if reasons:
+        return "; ".join(reasons)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    try:
+        session = ort.InferenceSession(str(PROBE_GRAPH), sess_options=so, providers=[provider])
+    except Exception as e:  # ORT raises its own exception types
+        return f"{provider} could not run a one-node graph: {e}"
+    actual = session.get_providers()[0]
+    if actual != provider:
+        return f"{provider} was asked for but {actual} runs the session"
+    return None
 
 
 class _OrtEngine(Engine):
@@ -38,14 +159,8 @@ class _OrtEngine(Engine):
 
     @classmethod
     def why_unavailable(cls) -> str | None:
-        """Return why this provider cannot run here, or None."""
-        try:
-            ort = _ort()
-        except ImportError:
-            return "requires onnxruntime (pip install 'edge-appliance[cpu]') or onnxruntime-gpu ([gpu])"
-        if cls.PROVIDER not in ort.get_available_providers():
-            return f"{cls.PROVIDER} is not in this onnxruntime build ({', '.join(ort.get_available_providers())})"
-        return None
+        """Return why this provider cannot run here (found by trying it), or None."""
+        return probe_provider(cls.PROVIDER)
 
     @property
     def backend(self) -> str:
@@ -71,18 +186,21 @@ class _OrtEngine(Engine):
 
     def load(self) -> None:
         """Create the session and check which provider actually runs."""
+        both = check_distributions()
+        if both:
+            raise BackendUnavailable(both)
         ort = _ort()
         try:
             self._session = ort.InferenceSession(
                 str(self.artifact.path), sess_options=self._session_options(), providers=self._providers()
             )
         except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
-            raise BackendUnavailable(f"onnxruntime could not load {self.artifact.path}: {e}") from e
+            raise BackendUnavailable(f"onnxruntime could not load {self.artifact.path} on {self.PROVIDER}: {e}") from e
         self._actual_provider = self._session.get_providers()[0]
         if self._actual_provider != self.PROVIDER:
+            self._session = None
             raise BackendUnavailable(
-                f"asked onnxruntime for {self.PROVIDER} but it runs {self._actual_provider} "
-                f"(silent fallback, notes/engines.md §7)"
+                f"asked onnxruntime for {self.PROVIDER} but it runs {self._actual_provider} (a silent fallback)"
             )
         inputs = {i.name: i for i in self._session.get_inputs()}
         if self.input_name not in inputs:
@@ -96,7 +214,11 @@ class _OrtEngine(Engine):
             raise BackendUnavailable(
                 f"{self.artifact.path}: graph input shape {shape} != manifest {expected} (the batch must be fixed)"
             )
+        self._bind()
         log.info("engine loaded: %s %s on %s", self.manifest.name, self.precision, self.backend)
+
+    def _bind(self) -> None:
+        """Hook for backends that bind device buffers after the session exists."""
 
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         if self._session is None:
@@ -119,15 +241,109 @@ class OrtCpuEngine(_OrtEngine):
     PROVIDER = "CPUExecutionProvider"
 
 
-class OrtCudaEngine(_OrtEngine):
-    """ONNX Runtime on CUDA (needs the [gpu] extra: onnxruntime-gpu, never together with onnxruntime)."""
-
-    name = "onnxruntime-cuda"
-    PROVIDER = "CUDAExecutionProvider"
-    DEPENDENCIES: ClassVar[dict[str, str]] = {"onnxruntime-gpu": "ONNX Runtime with CUDA (the [gpu] extra)"}
+class _OrtGpuEngine(_OrtEngine):
+    DEPENDENCIES: ClassVar[dict[str, str]] = {
+        "onnxruntime-gpu": "ONNX Runtime with CUDA (the [gpu] extra; never together with onnxruntime)",
+        "cuda-bindings": "the CUDA runtime binding used to probe the driver and device (the [gpu] extra)",
+    }
 
     def _session_options(self) -> Any:
         so = super()._session_options()
-        # Fail instead of silently placing nodes on the CPU (notes/engines.md §7).
+        # Fail instead of silently placing nodes on the CPU (docs/gpu.md).
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
+
+
+class OrtCudaEngine(_OrtGpuEngine):
+    """ONNX Runtime on CUDA with fixed device buffers (IOBinding) replayed through a CUDA graph."""
+
+    name = "onnxruntime-cuda"
+    PROVIDER = "CUDAExecutionProvider"
+    #: Where the bound buffers live (tests bind on "cpu" to exercise the binding path without a GPU).
+    BIND_DEVICE: ClassVar[str] = "cuda"
+
+    def _providers(self) -> list[Any]:
+        opts = {
+            "device_id": str(int(self.options.get("device_id", 0))),
+            "enable_cuda_graph": "1" if self.options.get("cuda_graph", True) else "0",
+            "cudnn_conv_algo_search": "HEURISTIC",
+            "arena_extend_strategy": "kSameAsRequested",
+            "do_copy_in_default_stream": "1",
+        }
+        if "gpu_mem_limit" in self.options:
+            opts["gpu_mem_limit"] = str(int(self.options["gpu_mem_limit"]))
+        return [(self.PROVIDER, opts)]
+
+    def _bind(self) -> None:
+        try:
+            self._bind_buffers()
+        except Exception as e:  # ORT's own exception types: the device buffers cannot be made
+            self._session = None
+            raise BackendUnavailable(f"onnxruntime could not bind {self.BIND_DEVICE} buffers: {e}") from e
+
+    def _bind_buffers(self) -> None:
+        ort = _ort()
+        device = int(self.options.get("device_id", 0))
+        self._input = ort.OrtValue.ortvalue_from_numpy(
+            np.zeros((self.batch_size, *self.item_shape), np.float32), self.BIND_DEVICE, device)
+        self._outputs = {o.name: ort.OrtValue.ortvalue_from_shape_and_type(list(o.shape), np.float32,
+                                                                           self.BIND_DEVICE, device)
+                         for o in self.manifest.outputs}
+        self._binding = self._session.io_binding()
+        self._binding.bind_ortvalue_input(self.input_name, self._input)
+        for name, value in self._outputs.items():
+            self._binding.bind_ortvalue_output(name, value)
+
+    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        if self._session is None:
+            raise EngineDeadError("engine not loaded")
+        try:
+            self._input.update_inplace(batch)  # same device address every run: the CUDA graph replays
+            self._session.run_with_iobinding(self._binding)
+            return {name: value.numpy() for name, value in self._outputs.items()}
+        except Exception as e:
+            raise EngineError(f"onnxruntime CUDA run failed: {e}") from e
+
+
+class OrtTensorrtEngine(_OrtGpuEngine):
+    """ONNX Runtime's TensorRT provider (TensorRT 10 libraries), with its engine and timing caches.
+
+    Runs the W4A16 artifact by default (option ``precision``); the CUDA provider is listed second so nodes
+    TensorRT rejects run on CUDA, never on the CPU. The provider (onnxruntime-gpu 1.31) builds weakly typed
+    networks, so ``trt_fp16_enable`` is set; the direct ``tensorrt`` backend is the strongly typed one.
+    """
+
+    name = "onnxruntime-tensorrt"
+    PROVIDER = "TensorrtExecutionProvider"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        precision = self.options.get("precision", "w4a16")
+        if precision in self.manifest.artifacts:
+            self.artifact = self.manifest.artifact(precision)
+
+    @classmethod
+    def why_unavailable(cls) -> str | None:
+        """Return why the TensorRT provider (and the CUDA provider behind it) cannot run here, or None."""
+        return probe_provider(cls.PROVIDER) or probe_provider("CUDAExecutionProvider")
+
+    def _providers(self) -> list[Any]:
+        from appliance.engines.trt_build import default_cache_dir
+
+        cache = Path(self.options.get("cache_dir") or default_cache_dir()) / "ort-trt"
+        cache.mkdir(parents=True, exist_ok=True)
+        trt_opts = {
+            "device_id": str(int(self.options.get("device_id", 0))),
+            "trt_engine_cache_enable": "True",
+            "trt_engine_cache_path": str(cache),
+            "trt_engine_cache_prefix": f"{self.manifest.name}-{self.artifact.precision}-{self.artifact.sha256[:12]}",
+            "trt_timing_cache_enable": "True",
+            "trt_timing_cache_path": str(cache),
+            "trt_max_workspace_size": str(int(self.options.get("workspace_bytes", 2 << 30))),
+            "trt_builder_optimization_level": str(int(self.options.get("optimization_level", 3))),
+            "trt_cuda_graph_enable": "True" if self.options.get("cuda_graph", True) else "False",
+            # This provider builds weakly typed TensorRT 10 networks (it has no strongly typed option), where
+            # FP16 layers need the FP16 flag; the graph's own FLOAT16 tensors and INT4 DQ still set the types.
+            "trt_fp16_enable": "True",
+        }
+        return [(self.PROVIDER, trt_opts), ("CUDAExecutionProvider", {"device_id": trt_opts["device_id"]})]

@@ -171,6 +171,11 @@ class FakePynvml:
         self._call("nvmlDeviceGetName")
         return "Fake RTX"
 
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        """Return the driver version string (``doctor --gpu`` reports it)."""
+        self._call("nvmlSystemGetDriverVersion")
+        return "580.00"
+
     def nvmlDeviceGetTemperatureV(self, handle: object, sensor: int = 0) -> int:  # noqa: N802
         """Return the integer temperature, °C."""
         self._call("nvmlDeviceGetTemperatureV")

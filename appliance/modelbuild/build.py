@@ -1,7 +1,8 @@
 """Build the ct-nodule reference model from a seed: data -> train -> ONNX -> INT4 -> evaluate -> manifest.
 
 ``python -m appliance.modelbuild.cli build ct-nodule`` runs :func:`build`. It writes into the model directory
-(``models/ct-nodule``): the FP32 and INT4 ONNX files, ``model.toml``, the model card ``README.md`` and
+(``models/ct-nodule``): the FP32 and INT4 ONNX files, the FP16 and W4A16 files derived from the FP32 one
+(:mod:`appliance.modelbuild.derive`), ``model.toml``, the model card ``README.md`` and
 ``train_log.json``. Before overwriting, it compares the new build with the committed one (metrics and outputs
 within :data:`TOLERANCE`); ``--check`` builds into a scratch directory and only compares.
 
@@ -185,6 +186,7 @@ def build(cfg: BuildConfig, out_dir: Path, *, check_only: bool = False, progress
         state_file: when given and present, load the trained weights from it instead of training (to redo
             export, quantization and evaluation); when given and absent, save them there after training.
     """
+    from appliance.modelbuild.derive import derive_files, gpu_manifest_entries
     from appliance.modelbuild.export import export_onnx
     from appliance.modelbuild.quantize import inspect_int4, quantize_int4
     from appliance.modelbuild.train import train
@@ -264,6 +266,15 @@ def build(cfg: BuildConfig, out_dir: Path, *, check_only: bool = False, progress
         shutil.copyfile(fp32, files["fp32"])
         shutil.copyfile(int4, files["int4"])
         data = _manifest_data(cfg, files, block, metrics, build_info)
+        # The strongly typed GPU artifacts (FP16, W4A16) from the new FP32 file (appliance.modelbuild.derive).
+        gpu_files = derive_files(files["fp32"], stage, cfg.name, block)
+        refs = {"fp16": (files["fp32"], SESSION_CONFIG["fp32"]), "w4a16": (files["int4"], SESSION_CONFIG["int4"])}
+        gpu_art, gpu_metrics = gpu_manifest_entries(gpu_files, refs, block, eval_pool, metrics["fp32"]["auc"],
+                                                    {**build_info, "from": files["fp32"].name})
+        for m in gpu_metrics.values():
+            m["eval_seed"] = cfg.eval_seed
+        data["artifacts"].update(gpu_art)
+        data["metrics"].update(gpu_metrics)
         write_manifest(stage / "model.toml", data, header=card.MANIFEST_HEADER)
         (stage / "train_log.json").write_text(json.dumps(result.log, indent=1) + "\n", encoding="utf-8")
         load_manifest(stage / "model.toml")  # what we wrote must load

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MANIFEST_HEADER", "render"]
+__all__ = ["GPU_BEGIN", "GPU_END", "MANIFEST_HEADER", "gpu_section", "render", "with_gpu_section"]
 
 MANIFEST_HEADER = """\
 ct-nodule model manifest (format_version 1, see appliance/manifest.py).
@@ -119,7 +119,50 @@ A first build with 3 transformer blocks reached FP32 AUC 0.930 (INT4 0.930), but
 this shared machine: no margin. So the committed model has 2 blocks, which gives AUC 0.935 at about 44 ms.
 
 Architecture: `{b['net']}`. Training: `{b['train_config']}`.
+""" + (("\n" + gpu_section(manifest)) if "w4a16" in a else "")
+
+
+GPU_BEGIN = "<!-- gpu-artifacts: written by `appliance models derive` -->"
+GPU_END = "<!-- /gpu-artifacts -->"
+
+
+def gpu_section(manifest: dict[str, Any]) -> str:
+    """The card's section on the strongly typed GPU artifacts (FP16, W4A16), between markers."""
+    a, m = manifest["artifacts"], manifest["metrics"]
+    rows = []
+    for prec in ("fp32", "int4", "fp16", "w4a16"):
+        if prec in a and prec in m:
+            rows.append(f"| {prec} | {a[prec]['bytes']:,} | {_f(m[prec]['auc'], 4)} | {_f(m[prec]['auc_lt8mm'], 4)} | "
+                        f"{_f(m[prec]['hit_rate'], 3)} | {a[prec].get('tolerance', '')} |")
+    table = "\n".join(rows)
+    return f"""{GPU_BEGIN}
+## GPU artifacts: FP16 and W4A16 (strongly typed, for TensorRT)
+
+TensorRT 10+ networks are strongly typed: precision lives in the graph. `fp16` has every internal tensor in
+FLOAT16; `w4a16` has the `int4` artifact's exact INT4 weights with FLOAT16 scales and FP16 activations. Both
+keep float32 inputs and outputs (one Cast at each boundary). They are derived from the FP32 file,
+reproducibly, by `appliance models derive ct-nodule` (`--check` verifies). The figures were measured with
+ONNX Runtime on the CPU, which rounds every intermediate tensor to FP16 and computes each op in FP32. The
+same seed and slices as above were used. `tolerance` bounds a GPU backend against the CPU on the same
+artifact (docs/gpu.md).
+
+| artifact | bytes | AUC | AUC < 8 mm | hit rate | tolerance |
+|---|---|---|---|---|---|
+{table}
+
+GPU latency is not measured here (no GPU); `appliance doctor --gpu` measures W4A16 against FP16 on the box.
+{GPU_END}
 """
+
+
+def with_gpu_section(card_text: str, manifest: dict[str, Any]) -> str:
+    """Return ``card_text`` with its GPU section replaced (or appended)."""
+    section = gpu_section(manifest)
+    if GPU_BEGIN in card_text and GPU_END in card_text:
+        head, rest = card_text.split(GPU_BEGIN, 1)
+        tail = rest.split(GPU_END, 1)[1]
+        return head + section.rstrip("\n") + tail
+    return card_text.rstrip("\n") + "\n\n" + section
 
 
 PROFILING_NOTE = """\

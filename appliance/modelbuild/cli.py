@@ -2,8 +2,10 @@
 
 ``python -m appliance.modelbuild.cli build ct-nodule [--check] [--models-dir DIR] [--quick]``
 ``python -m appliance.modelbuild.cli eval ct-nodule --seed S --n N [--json] [--precision P ...]``
+``python -m appliance.modelbuild.cli derive ct-nodule [--check]`` (FP16 and W4A16 from FP32, see derive.py)
 
-The main ``appliance`` CLI wires :func:`build_main` and :func:`eval_main` as ``appliance models build|eval``.
+The main ``appliance`` CLI wires :func:`build_main`, :func:`eval_main` and :func:`derive_main` as
+``appliance models build|eval|derive``.
 ``eval`` needs only onnxruntime and numpy; ``build`` needs the ``build`` extra (torch, onnx, onnxscript, tqdm).
 """
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from appliance.errors import ApplianceError
 from appliance.manifest import load_manifest
 
-__all__ = ["build_main", "eval_main", "main"]
+__all__ = ["build_main", "derive_main", "eval_main", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +138,44 @@ def build_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def derive_main(argv: Sequence[str] | None = None) -> int:
+    """Derive the FP16 and W4A16 artifacts from the FP32 file, evaluate them, record them in model.toml.
+
+    Args:
+        argv: ``name [--check] [--seed S] [--n N] [--models-dir DIR] [--workers W]``.
+    """
+    ap = argparse.ArgumentParser(prog="appliance models derive", description=derive_main.__doc__)
+    ap.add_argument("name", help="model name, e.g. ct-nodule")
+    ap.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    ap.add_argument("--check", action="store_true", help="write nothing; fail if the committed files differ")
+    ap.add_argument("--seed", type=int, default=None, help="evaluation seed (default: the manifest's eval seed)")
+    ap.add_argument("--n", type=int, default=2000, help="evaluation slices (default 2000)")
+    ap.add_argument("--workers", type=int, default=1, help="data generation processes")
+    args = ap.parse_args(argv)
+
+    from appliance.modelbuild.derive import derive
+
+    try:
+        report = derive(args.models_dir / args.name, seed=args.seed, n=args.n, check=args.check,
+                        workers=args.workers)
+    except ApplianceError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    sys.stdout.write(json.dumps(report, indent=2, sort_keys=True, default=_json_default) + "\n")
+    return 0 if report["ok"] else 1
+
+
+COMMANDS = {"build": build_main, "eval": eval_main, "derive": derive_main}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch ``build`` / ``eval``."""
+    """Dispatch ``build`` / ``eval`` / ``derive``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("build", "eval"):
-        sys.stderr.write("usage: python -m appliance.modelbuild.cli {build,eval} NAME ...\n")
+    if not argv or argv[0] not in COMMANDS:
+        sys.stderr.write("usage: python -m appliance.modelbuild.cli {build,eval,derive} NAME ...\n")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return (build_main if argv[0] == "build" else eval_main)(argv[1:])
+    return COMMANDS[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

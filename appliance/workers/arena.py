@@ -47,8 +47,9 @@ class SlotArena:
 
     @classmethod
     def create(cls, capacity: int, item_shape: tuple[int, ...]) -> SlotArena:
-        """Create a zeroed arena file (mode 0600) and map it."""
+        """Create a zeroed arena file (mode 0600) and map it; remove arenas left by daemons that were killed."""
         nbytes = capacity * int(np.prod(item_shape)) * 4
+        _remove_stale(_shm_dir())
         path = _shm_dir() / f"edge-appliance-{os.getpid()}-{secrets.token_hex(4)}.slots"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -76,3 +77,17 @@ class SlotArena:
             pass
         if self.owner:
             self.path.unlink(missing_ok=True)
+
+
+def _remove_stale(directory: Path) -> None:
+    """Unlink our arena files whose daemon is gone (SIGKILL, OOM kill): ``edge-appliance-<pid>-<hex>.slots``."""
+    for path in directory.glob("edge-appliance-*-*.slots"):
+        try:
+            pid = int(path.name.split("-")[2])
+            if pid == os.getpid() or path.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, IndexError, PermissionError, OSError):
+            continue

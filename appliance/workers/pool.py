@@ -219,9 +219,17 @@ class WorkerPool:
             try:
                 rss = self._run(conn, job)
                 if rss > self.config.recycle_rss_bytes:
-                    raise _WorkerLost("recycle", Unavailable("worker recycled"))
-            except _WorkerLost as lost:
-                self._replace(index, proc, lost)
+                    self._retire(index, proc, "recycle", f"RSS {rss} bytes over workers.recycle_rss_bytes")
+                    proc = conn = None
+            except _WorkerLost:
+                proc = conn = None  # already killed and counted; a new one is started above
+            except Exception as e:  # noqa: BLE001 - a bug here must not kill supervision: fail the job, renew
+                log.exception("preprocessing supervisor %d failed on a job", index)
+                job.fail(Unavailable(f"internal error in preprocessing: {type(e).__name__}", reason="INTERNAL"))
+                for item in job.request.items:
+                    self.batcher.frame_failed(item, Unavailable("internal error in preprocessing"))
+                if proc is not None:
+                    self._retire(index, proc, "crashed", f"supervisor error {type(e).__name__}")
                 proc = conn = None
             finally:
                 with self._cond:
@@ -255,20 +263,25 @@ class WorkerPool:
             self._cond.notify_all()
         return proc, parent
 
-    def _replace(self, index: int, proc: multiprocessing.process.BaseProcess, lost: _WorkerLost) -> None:
+    def _retire(self, index: int, proc: multiprocessing.process.BaseProcess, reason: str, detail: str) -> None:
+        """Kill a worker and count the restart, before the item it held is answered."""
         _kill(proc)
         with self._cond:
             self.restarts += 1
-        if lost.reason != "recycle":
-            log.warning("preprocessing worker %d replaced (%s): %s", index, lost.reason, lost)
+        if reason != "recycle":
+            log.warning("preprocessing worker %d replaced (%s): %s", index, reason, detail)
         try:
-            self.on_restart(lost.reason)
+            self.on_restart(reason)
         except Exception as e:  # noqa: BLE001 - metrics must never stop supervision
             log.error("restart observer failed: %s", e)
 
-    def _recv(self, conn: Connection, proc: multiprocessing.process.BaseProcess, budget_s: float) -> Any:
-        """Wait for one message within ``budget_s``; a dead, silent or broken worker is a _WorkerLost."""
+    def _recv(self, conn: Connection, proc: multiprocessing.process.BaseProcess, budget_s: float,
+              index: int | None = None) -> Any:
+        """Wait for one message within ``budget_s``; a dead, silent or broken worker is killed, counted and
+        raised as _WorkerLost."""
         if not conn.poll(max(0.0, budget_s)):
+            if index is not None:
+                self._retire(index, proc, "timeout", f"no answer within {budget_s:.1f} s")
             raise _WorkerLost(
                 "timeout",
                 Overloaded(f"decoding ran past its time budget of {budget_s:.1f} s (config key "
@@ -280,6 +293,8 @@ class WorkerPool:
         except (EOFError, OSError):
             proc.join(0.2)
             code = proc.exitcode
+            if index is not None:
+                self._retire(index, proc, "crashed", f"exit code {code}")
             raise _WorkerLost(
                 "crashed",
                 DicomError(f"decoder failed: the preprocessing worker died on this input (exit code {code})",
@@ -297,17 +312,18 @@ class WorkerPool:
     def _run(self, conn: Connection | None, job: Job) -> int:
         """Run one job on one worker; return the worker's RSS after it. Raises _WorkerLost."""
         assert conn is not None
-        worker = self._proc_for()
+        index, worker = self._proc_for()
         data, job.data = job.data, None
         try:
             conn.send(("parse", job.id, job.pipeline))
             conn.send_bytes(data or b"")
         except OSError:
+            self._retire(index, worker, "crashed", "pipe broken")
             job.fail(DicomError("decoder failed: the preprocessing worker died", field="dicom.PixelData"))
             raise _WorkerLost("crashed", Unavailable("worker pipe broken")) from None
         del data
         try:
-            msg = self._recv(conn, worker, self._budget(job.request))
+            msg = self._recv(conn, worker, self._budget(job.request), index)
         except _WorkerLost as lost:
             job.fail(lost.error)
             raise
@@ -317,33 +333,43 @@ class WorkerPool:
         _, _, n_frames, sop_uid, rss = msg
         if job.cancelled:
             job.fail(Unavailable("client cancelled", reason="CANCELLED"))
-            conn.send(("drop", job.id))
+            self._send(conn, worker, index, ("drop", job.id))
             return int(rss)
         try:
             items = job.admit(n_frames, sop_uid)
         except ApplianceError as e:
             job.fail(e)
-            conn.send(("drop", job.id))
+            self._send(conn, worker, index, ("drop", job.id))
             return int(rss)
         for i, item in enumerate(items):
             try:
-                rss = self._frame(conn, worker, job, item)
+                rss = self._frame(conn, worker, index, job, item)
             except _WorkerLost as lost:
                 self.batcher.frame_failed(item, lost.error)
                 rest = Unavailable("not decoded: the worker was replaced on an earlier frame", reason="DECODER_LOST")
                 for other in items[i + 1 :]:
                     self.batcher.frame_failed(other, rest)
                 raise
-        conn.send(("drop", job.id))
+        self._send(conn, worker, index, ("drop", job.id))
         return int(rss)
 
-    def _frame(self, conn: Connection, worker: multiprocessing.process.BaseProcess, job: Job, item: WorkItem) -> int:
+    def _send(self, conn: Connection, worker: multiprocessing.process.BaseProcess, index: int,
+              msg: tuple[Any, ...]) -> None:
+        try:
+            conn.send(msg)
+        except OSError:
+            self._retire(index, worker, "crashed", "pipe broken")
+            raise _WorkerLost("crashed", DicomError("decoder failed: the preprocessing worker died",
+                                                    field="dicom.PixelData")) from None
+
+    def _frame(self, conn: Connection, worker: multiprocessing.process.BaseProcess, index: int, job: Job,
+               item: WorkItem) -> int:
         if not self.batcher.begin_frame(item):  # cancelled or expired meanwhile
             return 0
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:
-            conn.send(("frame", job.id, item.frame_index, item.slot))
-            msg = self._recv(conn, worker, self._budget(job.request))
+            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot))
+            msg = self._recv(conn, worker, self._budget(job.request), index)
         if msg[0] == "error":
             self.batcher.frame_failed(item, decode_error(msg[2]))
             return int(msg[3])
@@ -351,10 +377,10 @@ class WorkerPool:
         self.batcher.frame_ready(item, info, ms)
         return int(rss)
 
-    def _proc_for(self) -> multiprocessing.process.BaseProcess:
+    def _proc_for(self) -> tuple[int, multiprocessing.process.BaseProcess]:
         index = int(threading.current_thread().name.rsplit("-", 1)[1])
         with self._cond:
-            return self._procs[index]
+            return index, self._procs[index]
 
 
 def _kill(proc: multiprocessing.process.BaseProcess) -> None:

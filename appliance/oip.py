@@ -1,0 +1,443 @@
+"""Open Inference Protocol (KServe v2) over gRPC: ``inference.GRPCInferenceService`` over the Analyzer.
+
+What tritonclient, perf_analyzer and KServe speak (docs/oip.md). One model is served as two views; both go
+through the analyzer, so the same admission, batcher and thermal pacing apply:
+
+- ``<model>`` (e.g. ``ct-nodule``): one FP32 input ``[N, *item_shape]``, already preprocessed, N <= B
+  (``max_batch_size``) -> ``analyzer.infer``. Outputs: every engine output ``[N, *shape]`` FP32.
+- ``<model>-dicom``: one BYTES input ``dicom`` ``[N]``, a DICOM Part-10 file per element -> ``analyzer.analyze``
+  for each file, concurrently. Outputs, one row per frame (F = total frames, F = N for single-frame files):
+  every engine output ``[F, *shape]`` FP32, ``label`` BYTES ``[F]``, ``score`` FP32 ``[F]`` (the label's
+  probability), ``file_index`` and ``frame_index`` INT32 ``[F]``.
+
+Tensors travel in ``raw_input_contents`` / ``raw_output_contents`` (typed ``contents`` are accepted on input).
+Request parameters follow Triton's schedule-policy extension: ``priority`` (int64 or uint64; 1 = highest ->
+INTERACTIVE, 0 = default -> BATCH) and ``timeout`` (microseconds; the tighter of it and the gRPC deadline is
+passed on). An optional string parameter ``pipeline`` picks the DICOM pipeline. Errors leave as the gRPC status
+of their appliance error class, with the same ``google.rpc`` details as ``appliance.v1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+from google.rpc import status_pb2
+from grpc_status import rpc_status
+
+from appliance import __version__
+from appliance.errors import ApplianceError, InputError
+from appliance.proto.inference import grpc_service_pb2 as oip
+from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+from appliance.server import error_status
+from appliance.work import Priority
+
+if TYPE_CHECKING:
+    from appliance.analyze import Analyzer
+
+__all__ = ["DICOM_SUFFIX", "SERVICE_NAME", "OipServicer", "add_to_server", "deserialize_bytes", "serialize_bytes"]
+
+log = logging.getLogger(__name__)
+
+DICOM_SUFFIX = "-dicom"
+SERVER_NAME = "edge-appliance"
+#: Triton extensions served (perf_analyzer reads server-side statistics only when "statistics" is listed).
+EXTENSIONS = ("model_configuration", "statistics", "schedule_policy")
+PLATFORM = "edge-appliance"
+SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # for reflection
+
+
+def serialize_bytes(items: Sequence[bytes]) -> bytes:
+    """Encode BYTES elements for raw contents: each as a 4-byte little-endian length, then the bytes."""
+    return b"".join(struct.pack("<I", len(x)) + x for x in items)
+
+
+def deserialize_bytes(blob: bytes, where: str = "input") -> list[bytes]:
+    """Decode raw BYTES contents (see :func:`serialize_bytes`); InputError if a length runs past the end."""
+    items, offset, view = [], 0, memoryview(blob)
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise InputError(f"{where}: truncated BYTES element length at offset {offset}", field=where)
+        (n,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        if offset + n > len(view):
+            raise InputError(f"{where}: BYTES element of {n} bytes runs past the end of the tensor", field=where)
+        items.append(bytes(view[offset : offset + n]))
+        offset += n
+    return items
+
+
+@dataclass
+class _Stats:
+    """Cumulative per-view statistics in Triton's shape (durations in ns)."""
+
+    inference_count: int = 0
+    execution_count: int = 0
+    success: tuple[int, int] = (0, 0)
+    fail: tuple[int, int] = (0, 0)
+    queue: tuple[int, int] = (0, 0)
+    compute_input: tuple[int, int] = (0, 0)
+    compute_infer: tuple[int, int] = (0, 0)
+    last_inference_ms: int = 0
+
+    @staticmethod
+    def add(pair: tuple[int, int], seconds: float) -> tuple[int, int]:
+        return pair[0] + 1, pair[1] + int(seconds * 1e9)
+
+
+def _duration(pair: tuple[int, int]) -> oip.StatisticDuration:
+    return oip.StatisticDuration(count=pair[0], ns=pair[1])
+
+
+class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` (the subset in the module docstring) over an Analyzer."""
+
+    def __init__(self, analyzer: Analyzer) -> None:
+        self.analyzer = analyzer
+        self._stats = {self.tensor_view: _Stats(), self.dicom_view: _Stats()}
+        self._next_id = 0
+
+    @property
+    def tensor_view(self) -> str:
+        """The preprocessed-tensor model name, e.g. ``ct-nodule``."""
+        return self.analyzer.model.name
+
+    @property
+    def dicom_view(self) -> str:
+        """The DICOM model name, e.g. ``ct-nodule-dicom``."""
+        return self.analyzer.model.name + DICOM_SUFFIX
+
+    # ---- health and metadata ----------------------------------------------------------------------------
+
+    async def ServerLive(self, request: oip.ServerLiveRequest, context: Any) -> oip.ServerLiveResponse:
+        """Live while the process is not terminally dead."""
+        return oip.ServerLiveResponse(live=self.analyzer.is_live())
+
+    async def ServerReady(self, request: oip.ServerReadyRequest, context: Any) -> oip.ServerReadyResponse:
+        """Ready while admitting work."""
+        return oip.ServerReadyResponse(ready=self.analyzer.is_ready())
+
+    async def ModelReady(self, request: oip.ModelReadyRequest, context: Any) -> oip.ModelReadyResponse:
+        """Ready when the name (and version, if given) is served and the analyzer admits work."""
+        known = request.name in self._stats and request.version in ("", self.analyzer.model.version)
+        return oip.ModelReadyResponse(ready=known and self.analyzer.is_ready())
+
+    async def ServerMetadata(self, request: oip.ServerMetadataRequest, context: Any) -> oip.ServerMetadataResponse:
+        """Name, version and the Triton extensions served."""
+        return oip.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: oip.ModelMetadataRequest, context: Any) -> oip.ModelMetadataResponse:
+        """Inputs and outputs of one view (-1 marks a variable dimension)."""
+        view = await self._view(request.name, request.version, context)
+        model = self.analyzer.model
+        meta = oip.ModelMetadataResponse.TensorMetadata
+        response = oip.ModelMetadataResponse(name=view, versions=[model.version], platform=PLATFORM)
+        if view == self.tensor_view:
+            response.inputs.append(meta(name=model.input_name, datatype="FP32", shape=[-1, *model.item_shape]))
+        else:
+            response.inputs.append(meta(name="dicom", datatype="BYTES", shape=[-1]))
+        for name, datatype, shape in self._outputs(view):
+            response.outputs.append(meta(name=name, datatype=datatype, shape=[-1, *shape]))
+        return response
+
+    async def ModelConfig(self, request: oip.ModelConfigRequest, context: Any) -> oip.ModelConfigResponse:
+        """A Triton model configuration describing the view (what perf_analyzer needs)."""
+        view = await self._view(request.name, request.version, context)
+        model = self.analyzer.model
+        gpu = any(word in model.backend.lower() for word in ("cuda", "tensorrt", "gpu"))
+        config = oip.ModelConfig(
+            name=view,
+            platform=PLATFORM,
+            backend=PLATFORM,
+            instance_group=[
+                oip.ModelInstanceGroup(
+                    count=1, kind=oip.ModelInstanceGroup.KIND_GPU if gpu else oip.ModelInstanceGroup.KIND_CPU
+                )
+            ],
+            dynamic_batching=oip.ModelDynamicBatching(
+                preferred_batch_size=[model.batch_size], priority_levels=2, default_priority_level=2
+            ),
+        )
+        for key, value in (
+            ("engine_backend", model.backend),
+            ("precision", model.precision),
+            ("engine_batch_size", str(model.batch_size)),
+            ("version", model.version),
+        ):
+            config.parameters[key].string_value = value
+        types = {"FP32": oip.TYPE_FP32, "BYTES": oip.TYPE_STRING, "INT32": oip.TYPE_INT32}
+        if view == self.tensor_view:
+            config.max_batch_size = model.batch_size
+            config.input.append(oip.ModelInput(name=model.input_name, data_type=oip.TYPE_FP32, dims=model.item_shape))
+            for name, datatype, shape in self._outputs(view):
+                config.output.append(oip.ModelOutput(name=name, data_type=types[datatype], dims=shape))
+        else:
+            config.max_batch_size = 0  # the first dimension is files in, frames out: not a batch dimension
+            config.input.append(oip.ModelInput(name="dicom", data_type=oip.TYPE_STRING, dims=[-1]))
+            for name, datatype, shape in self._outputs(view):
+                config.output.append(oip.ModelOutput(name=name, data_type=types[datatype], dims=[-1, *shape]))
+        return oip.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request: oip.ModelStatisticsRequest, context: Any) -> oip.ModelStatisticsResponse:
+        """Cumulative per-view counts and durations since start (empty name: every view)."""
+        names = list(self._stats) if not request.name else [await self._view(request.name, request.version, context)]
+        response = oip.ModelStatisticsResponse()
+        for name in names:
+            s = self._stats[name]
+            response.model_stats.append(
+                oip.ModelStatistics(
+                    name=name,
+                    version=self.analyzer.model.version,
+                    last_inference=s.last_inference_ms,
+                    inference_count=s.inference_count,
+                    execution_count=s.execution_count,
+                    inference_stats=oip.InferStatistics(
+                        success=_duration(s.success),
+                        fail=_duration(s.fail),
+                        queue=_duration(s.queue),
+                        compute_input=_duration(s.compute_input),
+                        compute_infer=_duration(s.compute_infer),
+                    ),
+                )
+            )
+        return response
+
+    # ---- inference --------------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
+        """Run one request on the tensor or the DICOM view."""
+        view = await self._view(request.model_name, request.model_version, context)
+        stats = self._stats[view]
+        t0 = time.perf_counter()
+        self._next_id += 1
+        request_id = request.id or f"oip-{self._next_id}"
+        try:
+            priority, time_remaining = self._schedule(request, context)
+            if view == self.tensor_view:
+                names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, stats)
+            else:
+                names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, stats)
+            response = self._response(request, view, names, tensors)
+        except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
+            stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
+            status = self._status(e, view)
+        else:
+            stats.success = _Stats.add(stats.success, time.perf_counter() - t0)
+            stats.execution_count += 1
+            stats.last_inference_ms = int(time.time() * 1000)
+            return response
+        await context.abort_with_status(rpc_status.to_status(status))
+        raise AssertionError("unreachable: abort_with_status raises")
+
+    async def _infer_tensor(
+        self,
+        request: oip.ModelInferRequest,
+        request_id: str,
+        priority: Priority,
+        time_remaining: float | None,
+        stats: _Stats,
+    ) -> tuple[list[str], list[np.ndarray]]:
+        model = self.analyzer.model
+        tensor, raw = self._single_input(request, model.input_name)
+        if tensor.datatype != "FP32":
+            raise InputError(f"input {tensor.name!r} must be FP32, got {tensor.datatype}", field=tensor.name)
+        shape = tuple(tensor.shape)
+        if len(shape) != len(model.item_shape) + 1 or shape[1:] != tuple(model.item_shape):
+            raise InputError(
+                f"input {tensor.name!r} must have shape [N, {', '.join(map(str, model.item_shape))}], "
+                f"got {list(shape)}",
+                field=tensor.name,
+            )
+        n = shape[0]
+        if not 1 <= n <= model.batch_size:
+            raise InputError(
+                f"batch size {n} of input {tensor.name!r} is outside [1, {model.batch_size}] (max_batch_size)",
+                field=tensor.name,
+            )
+        count = int(np.prod(shape))
+        if raw is not None:
+            if len(raw) != count * 4:
+                raise InputError(
+                    f"input {tensor.name!r}: {len(raw)} raw bytes, expected {count * 4} for FP32 {list(shape)}",
+                    field=tensor.name,
+                )
+            array = np.frombuffer(raw, dtype="<f4").reshape(shape)
+        else:
+            if len(tensor.contents.fp32_contents) != count:
+                raise InputError(
+                    f"input {tensor.name!r}: {len(tensor.contents.fp32_contents)} fp32_contents, expected {count}",
+                    field=tensor.name,
+                )
+            array = np.asarray(tensor.contents.fp32_contents, dtype=np.float32).reshape(shape)
+        t_in = time.perf_counter()
+        rows = await self.analyzer.infer(
+            np.ascontiguousarray(array, dtype=np.float32),
+            request_id=request_id,
+            priority=priority,
+            time_remaining=time_remaining,
+        )
+        stats.compute_infer = _Stats.add(stats.compute_infer, time.perf_counter() - t_in)
+        stats.inference_count += n
+        names = [name for name, _ in model.outputs]
+        return names, [np.stack([row[name] for row in rows]).astype(np.float32, copy=False) for name in names]
+
+    async def _infer_dicom(
+        self,
+        request: oip.ModelInferRequest,
+        request_id: str,
+        priority: Priority,
+        time_remaining: float | None,
+        stats: _Stats,
+    ) -> tuple[list[str], list[np.ndarray]]:
+        tensor, raw = self._single_input(request, "dicom")
+        if tensor.datatype != "BYTES":
+            raise InputError(f"input 'dicom' must be BYTES, got {tensor.datatype}", field="dicom")
+        files = deserialize_bytes(raw, "dicom") if raw is not None else list(tensor.contents.bytes_contents)
+        if len(tensor.shape) != 1 or tensor.shape[0] != len(files) or not files:
+            raise InputError(
+                f"input 'dicom' must have shape [N] with N >= 1 matching its {len(files)} elements, "
+                f"got {list(tensor.shape)}",
+                field="dicom",
+            )
+        pipeline = ""
+        if "pipeline" in request.parameters:
+            if request.parameters["pipeline"].WhichOneof("parameter_choice") != "string_param":
+                raise InputError("parameter 'pipeline' must be a string", field="parameters.pipeline")
+            pipeline = request.parameters["pipeline"].string_param
+        tasks = [
+            asyncio.ensure_future(
+                self.analyzer.analyze(
+                    data,
+                    request_id=f"{request_id}/{i}",
+                    pipeline=pipeline,
+                    priority=priority,
+                    time_remaining=time_remaining,
+                )
+            )
+            for i, data in enumerate(files)
+        ]
+        try:
+            analyses = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # no-op for finished ones; the rest of a failed request is abandoned
+        model = self.analyzer.model
+        frames = [(i, f) for i, a in enumerate(analyses) for f in a.frames]
+        stats.inference_count += len(frames)
+        for a in analyses:
+            stats.queue = _Stats.add(stats.queue, a.queue_ms / 1e3)
+            stats.compute_input = _Stats.add(stats.compute_input, a.preprocess_ms / 1e3)
+            stats.compute_infer = _Stats.add(stats.compute_infer, a.engine_ms / 1e3)
+        names = [name for name, _ in model.outputs] + ["label", "score", "file_index", "frame_index"]
+        tensors = [
+            np.stack([f.outputs[name] for _, f in frames]).astype(np.float32, copy=False).reshape(len(frames), *shape)
+            for name, shape in model.outputs
+        ]
+        tensors.append(np.array([f.label.encode() for _, f in frames], dtype=object))
+        tensors.append(np.array([f.scores.get(f.label, 0.0) for _, f in frames], dtype=np.float32))
+        tensors.append(np.array([i for i, _ in frames], dtype=np.int32))
+        tensors.append(np.array([f.frame_index for _, f in frames], dtype=np.int32))
+        return names, tensors
+
+    # ---- helpers ----------------------------------------------------------------------------------------
+
+    def _outputs(self, view: str) -> list[tuple[str, str, tuple[int, ...]]]:
+        outputs = [(name, "FP32", tuple(shape)) for name, shape in self.analyzer.model.outputs]
+        if view == self.dicom_view:
+            outputs += [("label", "BYTES", ()), ("score", "FP32", ()), ("file_index", "INT32", ())]
+            outputs.append(("frame_index", "INT32", ()))
+        return outputs
+
+    async def _view(self, name: str, version: str, context: Any) -> str:
+        if name not in self._stats:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"Request for unknown model: '{name}' is not found (served: {', '.join(self._stats)})",
+            )
+        if version not in ("", self.analyzer.model.version):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"Request for unknown model: '{name}' version {version} is not found "
+                f"(served: {self.analyzer.model.version})",
+            )
+        return name
+
+    @staticmethod
+    def _single_input(
+        request: oip.ModelInferRequest, expected: str
+    ) -> tuple[oip.ModelInferRequest.InferInputTensor, bytes | None]:
+        if len(request.inputs) != 1 or request.inputs[0].name != expected:
+            got = [t.name for t in request.inputs]
+            raise InputError(f"expected exactly one input named {expected!r}, got {got}", field="inputs")
+        if request.raw_input_contents and len(request.raw_input_contents) != 1:
+            raise InputError(
+                f"{len(request.raw_input_contents)} raw_input_contents for 1 input", field="raw_input_contents"
+            )
+        raw = request.raw_input_contents[0] if request.raw_input_contents else None
+        return request.inputs[0], raw
+
+    @staticmethod
+    def _schedule(request: oip.ModelInferRequest, context: Any) -> tuple[Priority, float | None]:
+        """Triton's ``priority`` (1 = highest) and ``timeout`` (µs), combined with the gRPC deadline."""
+        values: dict[str, int] = {}
+        for key in ("priority", "timeout"):
+            if key not in request.parameters:
+                continue
+            param = request.parameters[key]
+            kind = param.WhichOneof("parameter_choice")
+            if kind not in ("int64_param", "uint64_param"):
+                raise InputError(f"parameter {key!r} must be an integer (int64 or uint64)", field=f"parameters.{key}")
+            values[key] = int(getattr(param, kind))
+            if values[key] < 0:
+                raise InputError(f"parameter {key!r} must be >= 0, got {values[key]}", field=f"parameters.{key}")
+        priority = Priority.INTERACTIVE if values.get("priority") == 1 else Priority.BATCH
+        remaining: float | None = context.time_remaining()
+        if values.get("timeout"):
+            timeout = values["timeout"] / 1e6
+            remaining = timeout if remaining is None else min(remaining, timeout)
+        return priority, remaining
+
+    def _response(
+        self, request: oip.ModelInferRequest, view: str, names: list[str], tensors: list[np.ndarray]
+    ) -> oip.ModelInferResponse:
+        wanted = [o.name for o in request.outputs] or names
+        unknown = [w for w in wanted if w not in names]
+        if unknown:
+            raise InputError(f"unexpected inference output {unknown[0]!r} for model {view!r}", field="outputs")
+        response = oip.ModelInferResponse(model_name=view, model_version=self.analyzer.model.version, id=request.id)
+        by_name = dict(zip(names, tensors, strict=True))
+        for name in wanted:
+            array = by_name[name]
+            if array.dtype == object:
+                datatype, raw = "BYTES", serialize_bytes(list(array))
+            else:
+                datatype = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32"}[array.dtype]
+                raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            response.outputs.append(
+                oip.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=array.shape)
+            )
+            response.raw_output_contents.append(raw)
+        return response
+
+    @staticmethod
+    def _status(error: Exception, view: str) -> status_pb2.Status:
+        if isinstance(error, ApplianceError):
+            return error_status(error)
+        log.error("ModelInfer on %s failed unexpectedly", view, exc_info=error)
+        return status_pb2.Status(
+            code=grpc.StatusCode.INTERNAL.value[0], message=f"internal error: {type(error).__name__}"
+        )
+
+
+def add_to_server(server: grpc.aio.Server, analyzer: Analyzer) -> OipServicer:
+    """Register ``inference.GRPCInferenceService`` over ``analyzer`` on a grpc.aio server; return the servicer."""
+    servicer = OipServicer(analyzer)
+    oip_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    return servicer

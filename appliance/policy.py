@@ -1,0 +1,87 @@
+"""The launch policy: a pure function from the ready frames and the clock to "launch these now" or "wait".
+
+NOTE (launch rule): launch when B frames are ready, or when the oldest ready frame has waited ``max_wait``.
+INTERACTIVE frames are taken before BATCH frames, oldest first within a class. Under a thermal duty u < 1 the
+pacer leaves gaps of about b(1-u)/u between batches, and the wait for partners grows by that gap (a padded slot
+burns the same power as a real one) -- but never past the point where the earliest deadline could still be met.
+While the pacer holds the engine back, nothing launches.
+
+No clock, no lock, no I/O: the batcher calls :func:`choose` under its lock, and tests drive it with numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Decision", "Ready", "choose"]
+
+
+class Ready(Protocol):
+    """What the policy reads of a ready frame."""
+
+    @property
+    def priority(self) -> int:
+        """Scheduling class; lower goes first."""
+        ...
+
+    @property
+    def t_ready(self) -> float | None:
+        """Monotonic time the frame became ready (None: now)."""
+        ...
+
+    @property
+    def deadline(self) -> float | None:
+        """Monotonic deadline of its request, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Launch ``launch`` (indices into the ``ready`` sequence, in launch order) now, or wait ``wait_s``."""
+
+    launch: tuple[int, ...] | None
+    wait_s: float
+
+
+def choose(
+    ready: Sequence[Ready],
+    now: float,
+    *,
+    batch_size: int,
+    batch_s: float,
+    pace_delay_s: float,
+    pace_gap_s: float,
+    max_wait_s: float,
+    stopping: bool = False,
+) -> Decision:
+    """Decide the next launch.
+
+    Args:
+        ready: frames whose slots hold model input.
+        now: the current monotonic time.
+        batch_size: B.
+        batch_s: the engine's current estimate of seconds per batch.
+        pace_delay_s: how long the pacer holds the next batch back (0 = may launch now, inf = paused).
+        pace_gap_s: the pacer's steady-state gap between batches at the current duty.
+        max_wait_s: how long the oldest ready frame may wait for partners when unthrottled.
+        stopping: draining: launch whatever is ready.
+    """
+    if not ready:
+        return Decision(None, 0.1)
+    if pace_delay_s > 0:
+        return Decision(None, min(pace_delay_s, 0.1))
+    t_ready = [now if r.t_ready is None else r.t_ready for r in ready]
+    order = sorted(range(len(ready)), key=lambda i: (ready[i].priority, t_ready[i]))
+    if len(order) >= batch_size:
+        return Decision(tuple(order[:batch_size]), 0.0)
+    oldest = min(t_ready)
+    max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
+    deadlines = [r.deadline for r in ready if r.deadline is not None]
+    if deadlines:  # never hold a frame past the point where its batch could still finish in time
+        max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - oldest))
+    waited = now - oldest
+    if waited >= max_wait or stopping:
+        return Decision(tuple(order), 0.0)
+    return Decision(None, max_wait - waited)

@@ -1,0 +1,191 @@
+"""Prometheus metrics: on by default at 127.0.0.1:9400, served before READY, Prometheus naming, and the
+series the issue asks for (latency per stage, status, rejections, queue, batches, engine, thermal, workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from appliance import synthetic
+from appliance.config import MetricsConfig
+from appliance.errors import ConfigError
+from appliance.metrics import LATENCY_BUCKETS, Metrics, parse_listen
+from appliance.notify import RecordingNotifier
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import RunningApp, fake_config
+
+#: every family the dashboard and docs/monitoring.md rely on, with its Prometheus type
+REQUIRED = {
+    "appliance_stage_duration_seconds": "histogram",
+    "appliance_requests": "counter",
+    "appliance_rejections": "counter",
+    "appliance_queue_depth": "gauge",
+    "appliance_queue_capacity": "gauge",
+    "appliance_batches": "counter",
+    "appliance_batch_slots": "counter",
+    "appliance_padded_slots": "counter",
+    "appliance_batch_fill_ratio": "gauge",
+    "appliance_engine_busy_seconds": "counter",
+    "appliance_gpu_temperature_celsius": "gauge",
+    "appliance_gpu_power_watts": "gauge",
+    "appliance_thermal_duty_ratio": "gauge",
+    "appliance_thermal_state": "gauge",
+    "appliance_thermal_above_limit_seconds": "counter",
+    "appliance_thermal_sensor_errors": "counter",
+    "appliance_decoder_worker_restarts": "counter",
+    "appliance_build_info": "gauge",  # an Info: exposed as a gauge of 1 with the labels
+    "appliance_serving": "gauge",
+}
+
+
+@dataclass
+class Snap:  # the fields of appliance.thermal_control.ThermalStatus that metrics read
+    temperature_c: float | None
+    duty: float
+    state: str
+    seconds_above_limit: float
+    sensor_errors: int
+    power_w: float | None = None
+
+
+def scrape(address: str) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+        assert r.headers.get_content_type() == "text/plain"
+        text = r.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(families: dict, family: str, sample: str, **labels: str) -> float:
+    for s in families[family].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise AssertionError(f"no sample {sample}{labels}")
+
+
+def test_on_by_default_on_loopback_9400() -> None:
+    assert MetricsConfig().listen == "127.0.0.1:9400"
+    assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_listen(":9400") == ("127.0.0.1", 9400)
+    assert parse_listen("[::1]:0") == ("::1", 0)
+    for bad in ("9400", "host:port", "127.0.0.1:70000"):
+        with pytest.raises(ConfigError, match="metrics.listen"):
+            parse_listen(bad)
+
+
+def test_buckets_are_dense_around_the_100ms_budget() -> None:
+    near = [b for b in LATENCY_BUCKETS if 0.05 <= b <= 0.15]
+    assert len(near) >= 8 and 0.1 in LATENCY_BUCKETS
+    assert list(LATENCY_BUCKETS) == sorted(LATENCY_BUCKETS)
+
+
+def test_daemon_serves_every_series(models_dir: Path) -> None:
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+    try:
+        assert app.app.metrics_address.startswith("127.0.0.1:")
+        data = synthetic.to_dicom(synthetic.generate_slice(5, size=512))
+        with grpc.insecure_channel(app.target) as channel:
+            pb_grpc.InferenceStub(channel).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10)
+        families = scrape(app.app.metrics_address)
+        for name, kind in REQUIRED.items():
+            assert name in families, name
+            assert families[name].type == kind, (name, families[name].type)
+        assert value(families, "appliance_requests", "appliance_requests_total", code="OK") == 1
+        assert value(families, "appliance_rejections", "appliance_rejections_total", reason="QUEUE_FULL") == 0
+        assert value(families, "appliance_batches", "appliance_batches_total") >= 1
+        slots = value(families, "appliance_batch_slots", "appliance_batch_slots_total")
+        padded = value(families, "appliance_padded_slots", "appliance_padded_slots_total")
+        assert slots == 4 * value(families, "appliance_batches", "appliance_batches_total") and padded == slots - 1
+        for stage in ("queue", "preprocess", "engine", "total"):
+            count = value(
+                families, "appliance_stage_duration_seconds", "appliance_stage_duration_seconds_count", stage=stage
+            )
+            assert count >= 1, stage
+        le = value(
+            families, "appliance_stage_duration_seconds", "appliance_stage_duration_seconds_bucket",
+            stage="total", le="10.0",
+        )  # fmt: skip
+        assert le == 1
+        info = value(families, "appliance_build_info", "appliance_build_info", model="ct-nodule", backend="fake")
+        assert info == 1
+        assert value(families, "appliance_thermal_state", "appliance_thermal_state", state="DISABLED") in (0, 1)
+    finally:
+        app.stop()
+    with pytest.raises(OSError):  # stop() closes the endpoint
+        urllib.request.urlopen(f"http://{app.app.metrics_address}/metrics", timeout=2)
+
+
+def _start_fails(config) -> ConfigError:  # noqa: ANN001
+    from appliance.app import App
+
+    gate = threading.Event()  # never set: the engine would load forever, so failing proves it failed first
+    app = App(config, notifier=RecordingNotifier(), engine_options={"load_gate": gate})
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ConfigError) as e:
+            loop.run_until_complete(asyncio.wait_for(app.start(), 30))
+        assert "READY=1" not in app.notifier.messages
+        gate.set()
+        loop.run_until_complete(app.stop(0.5))
+    finally:
+        loop.close()
+    return e.value
+
+
+def test_bad_or_taken_address_fails_the_start_before_ready(models_dir: Path) -> None:
+    err = _start_fails(fake_config(models_dir, metrics={"listen": "127.0.0.1:http"}))
+    assert "metrics.listen" in str(err)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = _start_fails(fake_config(models_dir, metrics={"listen": f"127.0.0.1:{port}"}))
+    assert "metrics.listen" in str(err) and str(port) in str(err)
+
+
+def test_metrics_off_binds_nothing(models_dir: Path) -> None:
+    app = RunningApp(fake_config(models_dir, metrics={"listen": ""}), notifier=RecordingNotifier())
+    try:
+        assert app.app.metrics_address == ""
+    finally:
+        app.stop()
+
+
+def test_thermal_counters_grow_by_delta_and_state_is_one_hot() -> None:
+    m = Metrics()
+    m.observe_thermal(Snap(71.5, 0.8, "THROTTLING", 2.0, 1, power_w=180.0))
+    m.observe_thermal(Snap(None, 0.7, "HOLDING", 3.5, 3))
+    m.observe_thermal(Snap(70.0, 0.7, "HOLDING", 3.5, 3))  # no change: no increment
+    r = m.registry
+    assert r.get_sample_value("appliance_thermal_above_limit_seconds_total") == 3.5
+    assert r.get_sample_value("appliance_thermal_sensor_errors_total") == 3
+    assert r.get_sample_value("appliance_gpu_temperature_celsius") == 70.0
+    assert r.get_sample_value("appliance_gpu_power_watts") == 180.0
+    assert r.get_sample_value("appliance_thermal_duty_ratio") == 0.7
+    states = {s: r.get_sample_value("appliance_thermal_state", {"state": s}) for s in ("HOLDING", "THROTTLING", "COOL")}
+    assert states == {"HOLDING": 1.0, "THROTTLING": 0.0, "COOL": 0.0}
+
+
+def test_worker_restarts_rejections_and_batches() -> None:
+    m = Metrics()
+    m.on_worker_restart("crash")
+    m.on_worker_restart("crash")
+    m.on_worker_restart("hang")
+    m.on_rejected("QUEUE_FULL")
+    m.on_batch(3, 8, 0.04)
+    r = m.registry
+    assert r.get_sample_value("appliance_decoder_worker_restarts_total", {"reason": "crash"}) == 2
+    assert r.get_sample_value("appliance_decoder_worker_restarts_total", {"reason": "hang"}) == 1
+    assert r.get_sample_value("appliance_rejections_total", {"reason": "QUEUE_FULL"}) == 1
+    assert r.get_sample_value("appliance_padded_slots_total") == 5
+    assert r.get_sample_value("appliance_batch_slots_total") == 8
+    assert r.get_sample_value("appliance_engine_busy_seconds_total") == pytest.approx(0.04)
+    assert r.get_sample_value("appliance_stage_duration_seconds_bucket", {"stage": "engine", "le": "0.05"}) == 1

@@ -1,0 +1,266 @@
+"""Open Inference Protocol (KServe v2) servicer on loopback over the FakeAnalyzer, driven by our own stubs."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pydicom
+import pytest
+
+from appliance import synthetic
+from appliance.errors import Overloaded, Unavailable
+from appliance.oip import deserialize_bytes, serialize_bytes
+from appliance.proto.inference import grpc_service_pb2 as oip
+from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+from appliance.work import Priority
+from tests.oip_support import LoopbackOip
+
+PRE = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}
+
+
+@pytest.fixture(scope="module")
+def served(models_dir: Path):
+    server = LoopbackOip(models_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(served):
+    with grpc.insecure_channel(served.address) as channel:
+        yield oip_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.fixture(autouse=True)
+def _reset(served):
+    served.analyzer.live = served.analyzer.ready = True
+    served.analyzer.fail_next = None
+    served.analyzer.calls.clear()
+
+
+def tensor_request(x: np.ndarray, **params: oip.InferParameter) -> oip.ModelInferRequest:
+    request = oip.ModelInferRequest(model_name="ct-nodule", id="t-1")
+    request.inputs.add(name="image", datatype="FP32", shape=x.shape)
+    request.raw_input_contents.append(x.astype("<f4").tobytes())
+    for key, value in params.items():
+        request.parameters[key].CopyFrom(value)
+    return request
+
+
+def dicom_request(files: list[bytes]) -> oip.ModelInferRequest:
+    request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id="d-1")
+    request.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
+    request.raw_input_contents.append(serialize_bytes(files))
+    return request
+
+
+def outputs_of(response: oip.ModelInferResponse) -> dict[str, np.ndarray]:
+    arrays = {}
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        if tensor.datatype == "BYTES":
+            arrays[tensor.name] = np.array(deserialize_bytes(raw), dtype=object).reshape(tensor.shape)
+        else:
+            dtype = {"FP32": "<f4", "INT32": "<i4"}[tensor.datatype]
+            arrays[tensor.name] = np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
+    return arrays
+
+
+def fake_engine_outputs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fake engine's documented outputs: prob = mean of the item, heatmap = 16x16 average pooling."""
+    prob = x.reshape(len(x), -1).mean(axis=1, keepdims=True)
+    heat = x.reshape(len(x), 16, 16, 16, 16).mean(axis=(2, 4))
+    return prob, heat
+
+
+def test_health_and_readiness(stub, served) -> None:
+    assert stub.ServerLive(oip.ServerLiveRequest(), timeout=5).live
+    assert stub.ServerReady(oip.ServerReadyRequest(), timeout=5).ready
+    for name in ("ct-nodule", "ct-nodule-dicom"):
+        assert stub.ModelReady(oip.ModelReadyRequest(name=name), timeout=5).ready
+    assert stub.ModelReady(oip.ModelReadyRequest(name="ct-nodule", version="0.0.1"), timeout=5).ready
+    assert not stub.ModelReady(oip.ModelReadyRequest(name="ct-nodule", version="9"), timeout=5).ready
+    assert not stub.ModelReady(oip.ModelReadyRequest(name="other"), timeout=5).ready
+    served.analyzer.ready = False
+    assert stub.ServerLive(oip.ServerLiveRequest(), timeout=5).live
+    assert not stub.ServerReady(oip.ServerReadyRequest(), timeout=5).ready
+    assert not stub.ModelReady(oip.ModelReadyRequest(name="ct-nodule"), timeout=5).ready
+
+
+def test_server_and_model_metadata(stub) -> None:
+    meta = stub.ServerMetadata(oip.ServerMetadataRequest(), timeout=5)
+    assert meta.name == "edge-appliance" and meta.version
+    assert {"model_configuration", "statistics", "schedule_policy"} <= set(meta.extensions)
+    tensor = stub.ModelMetadata(oip.ModelMetadataRequest(name="ct-nodule"), timeout=5)
+    assert tensor.versions == ["0.0.1"]
+    assert [(t.name, t.datatype, list(t.shape)) for t in tensor.inputs] == [("image", "FP32", [-1, 1, 256, 256])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in tensor.outputs] == [
+        ("prob", "FP32", [-1, 1]),
+        ("heatmap", "FP32", [-1, 16, 16]),
+    ]
+    dicom = stub.ModelMetadata(oip.ModelMetadataRequest(name="ct-nodule-dicom"), timeout=5)
+    assert [(t.name, t.datatype, list(t.shape)) for t in dicom.inputs] == [("dicom", "BYTES", [-1])]
+    assert [t.name for t in dicom.outputs] == ["prob", "heatmap", "label", "score", "file_index", "frame_index"]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelMetadata(oip.ModelMetadataRequest(name="nope"), timeout=5)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in e.value.details()
+
+
+def test_model_config(stub) -> None:
+    config = stub.ModelConfig(oip.ModelConfigRequest(name="ct-nodule"), timeout=5).config
+    assert config.max_batch_size == 4
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("image", oip.TYPE_FP32, [1, 256, 256])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("prob", [1]), ("heatmap", [16, 16])]
+    assert config.dynamic_batching.priority_levels == 2 and config.dynamic_batching.default_priority_level == 2
+    assert config.parameters["engine_backend"].string_value == "fake"
+    assert config.instance_group[0].kind == oip.ModelInstanceGroup.KIND_CPU
+    dicom = stub.ModelConfig(oip.ModelConfigRequest(name="ct-nodule-dicom"), timeout=5).config
+    assert dicom.max_batch_size == 0
+    assert [(i.name, i.data_type, list(i.dims)) for i in dicom.input] == [("dicom", oip.TYPE_STRING, [-1])]
+
+
+def test_tensor_view_computes_each_row(stub, served) -> None:
+    x = np.random.default_rng(3).random((3, 1, 256, 256), dtype=np.float32)
+    response = stub.ModelInfer(tensor_request(x), timeout=10)
+    assert (response.model_name, response.model_version, response.id) == ("ct-nodule", "0.0.1", "t-1")
+    out = outputs_of(response)
+    prob, heat = fake_engine_outputs(x)
+    np.testing.assert_allclose(out["prob"], prob, rtol=1e-6)
+    np.testing.assert_allclose(out["heatmap"], heat, rtol=1e-5)
+    assert served.engine.real_rows()[-1] == 3  # one fixed batch of B=4, padded with one zero row
+    assert served.analyzer.calls[-1].priority == Priority.BATCH
+
+
+def test_typed_contents_and_requested_outputs(stub) -> None:
+    x = np.full((1, 1, 256, 256), 0.25, dtype=np.float32)
+    request = oip.ModelInferRequest(model_name="ct-nodule")
+    request.inputs.add(name="image", datatype="FP32", shape=x.shape).contents.fp32_contents.extend(x.ravel())
+    request.outputs.add(name="prob")
+    response = stub.ModelInfer(request, timeout=10)
+    assert [t.name for t in response.outputs] == ["prob"]
+    assert outputs_of(response)["prob"].tolist() == [[0.25]]
+
+
+@pytest.mark.parametrize("kind", ["uint64_param", "int64_param"])
+def test_priority_and_timeout_reach_the_analyzer(stub, served, kind: str) -> None:
+    x = np.zeros((1, 1, 256, 256), dtype=np.float32)
+    request = tensor_request(
+        x, priority=oip.InferParameter(**{kind: 1}), timeout=oip.InferParameter(**{kind: 2_000_000})
+    )
+    stub.ModelInfer(request, timeout=30)
+    call = served.analyzer.calls[-1]
+    assert call.priority == Priority.INTERACTIVE
+    assert call.time_remaining is not None and 1.0 < call.time_remaining <= 2.0  # the tighter of timeout, deadline
+    stub.ModelInfer(tensor_request(x, priority=oip.InferParameter(uint64_param=2)), timeout=0.5)
+    call = served.analyzer.calls[-1]
+    assert call.priority == Priority.BATCH and call.time_remaining is not None and call.time_remaining <= 0.51
+
+
+def test_timeout_that_expires_is_deadline_exceeded(served, models_dir: Path) -> None:
+    slow = LoopbackOip(models_dir, engine_options={"latency_s": 0.5})
+    try:
+        with grpc.insecure_channel(slow.address) as channel:
+            stub = oip_grpc.GRPCInferenceServiceStub(channel)
+            x = np.zeros((1, 1, 256, 256), dtype=np.float32)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(tensor_request(x, timeout=oip.InferParameter(uint64_param=50_000)), timeout=10)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            stats = stub.ModelStatistics(oip.ModelStatisticsRequest(name="ct-nodule"), timeout=5).model_stats[0]
+            assert stats.inference_stats.fail.count == 1 and stats.inference_stats.success.count == 0
+    finally:
+        slow.stop()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda r: r.inputs[0].ClearField("shape") or r.inputs[0].shape.extend([1, 256, 256]), "shape"),
+        (lambda r: setattr(r.inputs[0], "datatype", "FP16"), "FP32"),
+        (lambda r: setattr(r.inputs[0], "name", "x"), "'image'"),
+        (lambda r: r.raw_input_contents.__setitem__(0, b"\0" * 12), "raw bytes"),
+        (lambda r: r.outputs.add(name="logits"), "logits"),
+        (lambda r: r.parameters["priority"].CopyFrom(oip.InferParameter(string_param="high")), "priority"),
+    ],
+)
+def test_bad_tensor_requests_are_invalid_argument(stub, mutate, needle: str) -> None:
+    request = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
+    mutate(request)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert needle in e.value.details()
+
+
+def test_batch_over_max_batch_size_is_refused(stub) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(tensor_request(np.zeros((5, 1, 256, 256), dtype=np.float32)), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch_size" in e.value.details()
+
+
+def test_analyzer_errors_keep_their_status(stub, served) -> None:
+    x = np.zeros((1, 1, 256, 256), dtype=np.float32)
+    served.analyzer.fail_next = Overloaded("queue full (8/8)")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(tensor_request(x), timeout=10)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "queue full" in e.value.details()
+    served.analyzer.ready = False
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(tensor_request(x), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    served.analyzer.ready = True
+    served.analyzer.fail_next = Unavailable("draining", reason="DRAINING")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(dicom_request([b"x"]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in e.value.details()
+
+
+def test_dicom_view_analyzes_each_file(stub, served) -> None:
+    truths = [synthetic.generate_slice(seed, nodule=seed == 21, size=512) for seed in (20, 21)]
+    files = [synthetic.to_dicom(t) for t in truths]
+    response = stub.ModelInfer(dicom_request(files), timeout=20)
+    assert (response.model_name, response.id) == ("ct-nodule-dicom", "d-1")
+    out = outputs_of(response)
+    expected = np.stack([synthetic.model_input(t, PRE) for t in truths])
+    prob, heat = fake_engine_outputs(expected)
+    np.testing.assert_allclose(out["prob"], prob, atol=1e-5)
+    np.testing.assert_allclose(out["heatmap"], heat, atol=1e-5)
+    assert out["file_index"].tolist() == [0, 1] and out["frame_index"].tolist() == [0, 0]
+    labels = [b.decode() for b in out["label"]]
+    assert labels == ["nodule" if p >= 0.5 else "no_nodule" for p in prob[:, 0]]
+    np.testing.assert_allclose(out["score"], [p if p >= 0.5 else 1 - p for p in prob[:, 0]], atol=1e-5)
+    calls = served.analyzer.calls
+    assert [c.method for c in calls] == ["analyze", "analyze"]
+    assert sorted(c.request_id for c in calls) == ["d-1/0", "d-1/1"]
+    uids = {pydicom.dcmread(io.BytesIO(f)).SOPInstanceUID for f in files}
+    assert all(uid not in response.SerializeToString().decode(errors="replace") for uid in uids)
+
+
+def test_dicom_view_errors(stub) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(dicom_request([b"not dicom at all"]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "DICOM" in e.value.details()
+    request = dicom_request([b"x"])
+    request.raw_input_contents[0] = b"\xff\xff\x00\x00abc"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "past the end" in e.value.details()
+
+
+def test_statistics_count_requests(stub) -> None:
+    before = {s.name: s for s in stub.ModelStatistics(oip.ModelStatisticsRequest(), timeout=5).model_stats}
+    assert set(before) == {"ct-nodule", "ct-nodule-dicom"}
+    stub.ModelInfer(tensor_request(np.zeros((2, 1, 256, 256), dtype=np.float32)), timeout=10)
+    after = stub.ModelStatistics(oip.ModelStatisticsRequest(name="ct-nodule"), timeout=5).model_stats[0]
+    old = before["ct-nodule"]
+    assert after.inference_count == old.inference_count + 2
+    assert after.execution_count == old.execution_count + 1
+    assert after.inference_stats.success.count == old.inference_stats.success.count + 1
+    assert after.inference_stats.success.ns > old.inference_stats.success.ns
+    assert after.last_inference > 0
+
+
+def test_bytes_codec_round_trip() -> None:
+    items = [b"", b"a", bytes(range(256)) * 3]
+    assert deserialize_bytes(serialize_bytes(items)) == items

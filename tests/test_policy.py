@@ -1,0 +1,68 @@
+"""The launch policy as a table: pure numbers in, a decision out (no threads, no clock, no sleeps)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from appliance.policy import Decision, choose
+
+INTERACTIVE, BATCH = 0, 1
+
+
+@dataclass(frozen=True)
+class F:
+    priority: int
+    t_ready: float
+    deadline: float | None = None
+
+
+BASE = {"batch_size": 4, "batch_s": 0.05, "pace_delay_s": 0.0, "pace_gap_s": 0.0, "max_wait_s": 0.005}
+
+CASES = [
+    # (id, ready frames, now, overrides, expected decision)
+    ("nothing ready", [], 1.0, {}, Decision(None, 0.1)),
+    ("full batch at once", [F(BATCH, 0.9 + i / 100) for i in range(5)], 1.0, {}, Decision((0, 1, 2, 3), 0.0)),
+    ("interactive first", [F(BATCH, 0.1), F(BATCH, 0.2), F(INTERACTIVE, 0.9), F(BATCH, 0.3), F(INTERACTIVE, 0.95)],
+     1.0, {}, Decision((2, 4, 0, 1), 0.0)),
+    ("lone frame waits for partners", [F(BATCH, 0.999)], 1.0, {}, Decision(None, 0.004)),
+    ("lone frame goes after max_wait", [F(BATCH, 0.99)], 1.0, {}, Decision((0,), 0.0)),
+    ("paced: nothing launches", [F(BATCH, 0.0)] * 4, 1.0, {"pace_delay_s": 0.3}, Decision(None, 0.1)),
+    ("paused: nothing launches", [F(BATCH, 0.0)] * 4, 1.0, {"pace_delay_s": math.inf}, Decision(None, 0.1)),
+    ("throttled: wait up to the gap for a full batch", [F(BATCH, 0.9)], 1.0, {"pace_gap_s": 0.2},
+     Decision(None, 0.105)),
+    ("throttled wait capped at 1 s", [F(BATCH, 0.0)], 0.5, {"pace_gap_s": 30.0}, Decision(None, 0.505)),
+    ("deadline caps the wait", [F(BATCH, 0.9, deadline=1.04)], 1.0, {"pace_gap_s": 0.2}, Decision((0,), 0.0)),
+    ("deadline leaves some wait", [F(BATCH, 0.9, deadline=1.1)], 1.0, {"pace_gap_s": 0.2},
+     Decision(None, 0.05)),
+    ("draining launches what is ready", [F(BATCH, 0.999)], 1.0, {"stopping": True}, Decision((0,), 0.0)),
+]
+
+
+@pytest.mark.parametrize(("ready", "now", "overrides", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_policy_table(ready, now, overrides, expected) -> None:
+    got = choose(ready, now, **{**BASE, **overrides})
+    assert got.launch == expected.launch
+    assert got.wait_s == pytest.approx(expected.wait_s, abs=1e-9)
+
+
+def test_never_more_than_b_and_never_an_empty_launch() -> None:
+    import random
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        n = rng.randrange(0, 12)
+        ready = [F(rng.choice((INTERACTIVE, BATCH)), rng.uniform(0, 1), rng.choice((None, rng.uniform(0.5, 2))))
+                 for _ in range(n)]
+        d = choose(ready, 1.0, batch_size=4, batch_s=rng.uniform(0.001, 0.2), pace_delay_s=rng.choice((0.0, 0.1)),
+                   pace_gap_s=rng.uniform(0, 2), max_wait_s=rng.uniform(0, 0.05))
+        if d.launch is not None:
+            assert 1 <= len(d.launch) <= 4 and len(set(d.launch)) == len(d.launch)
+            chosen = [ready[i] for i in d.launch]
+            skipped = [r for i, r in enumerate(ready) if i not in d.launch]
+            for r in skipped:  # nothing skipped ranks before anything chosen
+                assert all((c.priority, c.t_ready) <= (r.priority, r.t_ready) for c in chosen)
+        else:
+            assert d.wait_s > 0

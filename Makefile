@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-dev bench bench-quick bench-peer chaos proto model eval thermal-sim interop clean
+.PHONY: run test setup setup-dev bench bench-quick bench-peer chaos soak proto model eval thermal-sim interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,9 +47,15 @@ bench-quick: setup
 	$(BIN)/appliance bench --json bench.json $(ARGS)
 
 # Hostile inputs and crashing decoders against a real daemon for DURATION seconds (not in the default tests).
-DURATION ?= 120
+chaos: DURATION ?= 120
 chaos: setup-dev
 	$(BIN)/appliance chaos --duration $(DURATION) --json chaos.json $(ARGS)
+
+# Leak watch: ~80 % of measured capacity for DURATION seconds, with client cancels and bad inputs
+# (appliance/soak.py). Writes soak.json and soak.png.
+soak: DURATION ?= 1800
+soak: setup-dev
+	$(BIN)/python -m appliance.soak --duration $(DURATION) --json soak.json --plot soak.png $(ARGS)
 
 thermal-sim: setup-dev
 	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)

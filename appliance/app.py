@@ -16,7 +16,6 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,7 +23,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from appliance import __version__, dicom, oip
+from appliance import __version__, access, dicom, listen, oip, privacy
 from appliance.analyze import ModelInfo, PathLimits, RequestPath
 from appliance.batcher import Batcher, Pacer, QueueStats
 from appliance.clock import Clock, RealClock
@@ -149,6 +148,7 @@ class App:
             limits=PathLimits(config.server.max_message_bytes, config.server.inflight_bytes,
                               config.server.default_deadline_s),
             check_admitting=self.check_admitting,
+            validate_request_id=privacy.validate_request_id,
             on_finished=self.metrics.count_request,
         )
         self.thermal = thermal or build_thermal(
@@ -255,6 +255,7 @@ class App:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.max_connection_idle_ms", 15 * 60_000),
             ("grpc.max_concurrent_streams", 256),  # per connection: one client cannot open unbounded streams
+            ("grpc.so_reuseport", 0),  # a second daemon on the same port fails to start instead of sharing it
         ]
 
     async def start(self) -> None:
@@ -264,7 +265,9 @@ class App:
         self.health = HealthState(health_servicer, self.notifier)
         await self.health.init()
         server = grpc.aio.server(
-            options=self._server_options(), maximum_concurrent_rpcs=self.config.server.max_concurrent_rpcs
+            options=self._server_options(),
+            maximum_concurrent_rpcs=self.config.server.max_concurrent_rpcs,
+            interceptors=access.interceptors(self.config),
         )
         servicer = InferenceServicer(
             self.path,
@@ -274,7 +277,7 @@ class App:
         pb_grpc.add_InferenceServicer_to_server(servicer, server)
         oip.add_to_server(server, self.path)  # the Open Inference Protocol: the same request path
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        if self.config.server.reflection:
+        if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
             names = (
                 pb.DESCRIPTOR.services_by_name["Inference"].full_name,
                 oip.SERVICE_NAME,
@@ -282,17 +285,17 @@ class App:
                 reflection.SERVICE_NAME,
             )
             reflection.enable_server_reflection(names, server)
-        for address in self.config.server.listen:
-            if address.startswith("unix:"):
-                Path(address.removeprefix("unix:").removeprefix("//")).parent.mkdir(parents=True, exist_ok=True)
-            port = server.add_insecure_port(address)
-            if port == 0 and not address.startswith("unix:"):
-                raise Unavailable(f"could not bind {address} (config key server.listen)")
-            self.addresses.append(address if address.startswith("unix:") else _with_port(address, port))
+        # docs/security.md: socket directories checked, sockets 0660, TLS/mTLS with certificate reload;
+        # metrics bound here too, so every bind failure is a ConfigError before READY=1.
+        self.addresses.extend(listen.bind_listeners(server, self.config))
         self.server = server
         await server.start()
         # /metrics before the engine loads: a bad metrics.listen fails the start (docs/monitoring.md)
-        self.metrics_address = self.metrics.serve(self.config.metrics.listen)
+        try:
+            self.metrics_address = self.metrics.serve(self.config.metrics.listen)
+        except BaseException:
+            await server.stop(0)  # a server left for the garbage collector would outlive its event loop
+            raise
         log.info(
             "listening on %s; loading %s (%s)", ", ".join(self.addresses), self.manifest.name, self.artifact.precision
         )
@@ -497,11 +500,6 @@ def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engin
     )
 
 
-def _with_port(address: str, port: int) -> str:
-    host, _, _ = address.rpartition(":")
-    return f"{host}:{port}"
-
-
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; drain and return 0."""
     app = App(config, notifier=notifier)
@@ -515,7 +513,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     start = asyncio.create_task(app.start())
     done, _ = await asyncio.wait({start, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if start in done:
-        start.result()  # raise a startup failure
+        start.result()  # raise a startup failure (the process exits; workers are daemonic children)
         log.info("serving after %.1f s", time.monotonic() - t0)
         await stop.wait()
     else:

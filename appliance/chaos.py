@@ -311,7 +311,7 @@ async def _drive(target: str, cases: list[Case], valid: list[bytes], duration_s:
                 await asyncio.sleep(0.2)
 
         await asyncio.gather(sampler(), *(client() for _ in range(clients)))
-        status = await stub.GetStatus(pb.GetStatusRequest())
+        status = await stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     lost = replies.get("CANCELLED", 0) + replies.get("UNKNOWN", 0) + replies.get("INTERNAL", 0)
     return {
         "inputs_tried": tried,
@@ -334,10 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fault-rate", type=float, default=0.05, help="share of requests that are worker faults")
     ap.add_argument("--json", type=Path, help="write the report here too")
+    ap.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
     args = ap.parse_args(argv)
     from appliance.bench import _free_port
 
-    port = _free_port()
+    port = args.port or _free_port()
     home = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         pipes = Path(tmp) / "pipelines"
@@ -349,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg.write_text(f'[server]\nlisten = ["127.0.0.1:{port}"]\n[model]\npipelines_dir = "{pipes}"\n'
                        '[workers]\nstep_timeout_s = 3.0\nmemory_bytes = 1073741824\n')
         env = {**os.environ, "APPLIANCE_TEST_DECODER_FAULTS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log_path = Path(tmp) / "daemon.log"  # a file, not a pipe: an unread pipe would block the daemon's logging
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=log_file)
         try:
             _wait_serving(f"127.0.0.1:{port}")
             cases = bad_cases(args.seed)
@@ -360,8 +363,14 @@ def main(argv: list[str] | None = None) -> int:
                                         args.fault_rate, faults, args.seed))
         finally:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+            lines = log_path.read_text(errors="replace").splitlines()
     report["daemon_exit_code"] = proc.returncode
+    report["daemon_log_lines"] = len(lines)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

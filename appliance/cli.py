@@ -35,10 +35,17 @@ class _Parser(argparse.ArgumentParser):
 # ---- serve ------------------------------------------------------------------------------------------------
 
 
+EX_CONFIG = 78  # sysexits.h: configuration error; the unit's RestartPreventExitStatus=78 stops restart loops
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from appliance.app import serve
+    from appliance.logs import configure_logging
+
+    level = "debug" if args.verbose else "info"
+    configure_logging(level)  # before grpc is imported (GRPC_VERBOSITY) and before the config is read
     from appliance.config import load_config
-    from appliance.errors import ApplianceError
+    from appliance.errors import ApplianceError, ConfigError, ManifestError
+    from appliance.preflight import preflight
 
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
@@ -55,7 +62,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         overrides.setdefault("model", {})["precision"] = args.precision
     try:
         config = load_config(args.config, overrides)
+        configure_logging("debug" if args.verbose else config.logging.level, config.logging.journald)
+        log.debug("configuration loaded from %s", args.config or "built-in defaults")
+        preflight(config)
+        from appliance.app import serve
+
         return asyncio.run(serve(config))
+    except (ConfigError, ManifestError) as e:  # start-up checks and the model's files: one line, before READY=1
+        log.critical("cannot start: %s", e)
+        return EX_CONFIG  # a restart cannot fix these; BackendUnavailable (a driver not up yet) stays 1
     except ApplianceError as e:
         log.critical("cannot start: %s", e)
         return 1
@@ -76,6 +91,27 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _channel(args: argparse.Namespace, options: list[tuple[str, Any]] | None = None) -> Any:
+    """A channel to ``--target``: TLS when ``--tls-ca`` is given (plus a client certificate for mTLS)."""
+    import grpc
+
+    if not args.tls_ca:
+        return grpc.insecure_channel(args.target, options=options)
+    key = Path(args.tls_key).read_bytes() if args.tls_key else None
+    cert = Path(args.tls_cert).read_bytes() if args.tls_cert else None
+    creds = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes(), key, cert)
+    if args.tls_server_name:
+        options = [*(options or []), ("grpc.ssl_target_name_override", args.tls_server_name)]
+    return grpc.secure_channel(args.target, creds, options=options)
+
+
+def _add_tls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", help="CA bundle (PEM) that signed the daemon's certificate: connect with TLS")
+    p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", help="client key (PEM) for mutual TLS")
+    p.add_argument("--tls-server-name", help="expected server name, if not the target's host")
+
+
 def _cmd_health(args: argparse.Namespace) -> int:
     try:
         return _health(args)
@@ -93,7 +129,7 @@ def _health(args: argparse.Namespace) -> int:
     from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 
     try:
-        with grpc.insecure_channel(args.target) as channel:
+        with _channel(args) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=args.timeout)
             except grpc.FutureTimeoutError:
@@ -150,7 +186,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     rc = 0
     options = [("grpc.max_send_message_length", 128 << 20), ("grpc.max_receive_message_length", 128 << 20)]
-    with grpc.insecure_channel(args.target, options=options) as channel:
+    with _channel(args, options) as channel:
         stub = pb_grpc.InferenceStub(channel)
         for path in args.files:
             request = pb.AnalyzeRequest(
@@ -309,6 +345,7 @@ def _parser() -> _Parser:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET})")
     p.add_argument("--json", action="store_true", help="print the full status as JSON")
     p.add_argument("--timeout", type=_positive_seconds, default=2.0, help="seconds per call")
+    _add_tls_arguments(p)
     p.set_defaults(func=_cmd_health)
 
     p = sub.add_parser("analyze", help="send DICOM files to a running daemon and print findings and timings")
@@ -318,6 +355,7 @@ def _parser() -> _Parser:
     p.add_argument("--batch", action="store_true", help="BATCH priority (default INTERACTIVE)")
     p.add_argument("--json", action="store_true", help="one JSON reply per line")
     p.add_argument("--timeout", type=float, default=30.0)
+    _add_tls_arguments(p)
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser("synth", help="write synthetic CT slices as DICOM (phantom data, no patient data)")

@@ -2,6 +2,8 @@
 
 Every section and key is optional; defaults are the embedded default (CPU engine, bundled model, no thermal
 sensor when there is no GPU). Unknown keys are errors, so a typo never silently falls back to a default.
+Every numeric key has a range (:data:`RANGES`, documented in ``docs/operations.md``) and every address is
+parsed at load (:mod:`appliance.listen`), so nonsense is refused before anything binds.
 See ``systemd/appliance.toml.example`` for a documented file.
 """
 
@@ -25,10 +27,14 @@ __all__ = [
     "EngineConfig",
     "MetricsConfig",
     "ModelConfig",
+    "RANGES",
+    "AccessConfig",
+    "LoggingConfig",
     "ServerConfig",
     "ThermalSection",
     "BatcherConfig",
     "WorkersConfig",
+    "TlsConfig",
     "default_home",
     "load_config",
 ]
@@ -74,9 +80,12 @@ class WorkersConfig:
 class ServerConfig:
     """``[server]``: where and how the gRPC daemon listens."""
 
-    listen: tuple[str, ...] = ("127.0.0.1:50051", "unix:/tmp/edge-appliance/grpc.sock")  # addresses to bind
+    # Plaintext addresses: loopback TCP or unix:PATH only (anything else needs [tls] listen). A relative unix
+    # path lives in the runtime directory (appliance.listen.runtime_dir: $RUNTIME_DIRECTORY under systemd).
+    listen: tuple[str, ...] = ("127.0.0.1:50051", "unix:grpc.sock")
+    socket_group: str = ""  # group of the unix sockets (mode 0660); "" = our primary group
     max_message_bytes: int = 64 << 20  # largest accepted request (DoS bound); larger -> RESOURCE_EXHAUSTED
-    reflection: bool = True  # gRPC server reflection
+    reflection: bool | None = None  # gRPC server reflection; unset = on without TLS, off with [tls] listen
     grace_s: float = 10.0  # on SIGTERM: finish in-flight work within this, then exit 0
     # Deadline applied when the client sends none. Never "forever": a wedged stage must not hold a request.
     default_deadline_s: float = 30.0
@@ -104,7 +113,9 @@ class EngineConfig:
     intra_op_threads: int = 1  # cores for the engine; the rest decode DICOM
     allow_spinning: bool = True  # ORT intra-op spinning
     warmup_runs: int = 3
-    options: dict[str, Any] = field(default_factory=dict)  # backend-specific options (e.g. the fake engine's)
+    options: dict[str, Any] = field(default_factory=dict)  # backend-specific: checked against Engine.OPTIONS
+    cache_dir: str = ""  # engine/timing cache; "" = $CACHE_DIRECTORY under systemd, else none
+    min_free_bytes: int = 256 << 20  # refuse to start when the cache file system has less free space
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,40 @@ class MetricsConfig:
 
     listen: str = "127.0.0.1:9400"  # host:port of /metrics (port 0: any); "" = off
     window: int = 2048  # samples kept for percentiles
+    # /metrics is plain HTTP: loopback only unless this is true (a pod scraped by its cluster's Prometheus).
+    # Metrics carry counts and timings, never patient data (docs/security.md).
+    allow_non_loopback: bool = False
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """``[tls]``: TLS listeners. Certificates are re-read when their files change (no restart)."""
+
+    listen: tuple[str, ...] = ()  # addresses served over TLS, e.g. "0.0.0.0:50052"
+    cert_file: str = ""  # server certificate chain (PEM)
+    key_file: str = ""  # its private key (PEM)
+    client_ca_file: str = ""  # CA bundle for client certificates; "" = no client certificates (TLS only)
+    # with client_ca_file: refuse clients without a valid certificate. false = grpc asks for no client
+    # certificate at all (plain TLS; nothing a client presents is verified), so no [access] subject lists.
+    require_client_cert: bool = True
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """``[access]``: who may call what (appliance.access). Unix-socket clients are trusted by file mode."""
+
+    analyze_subjects: tuple[str, ...] = ()  # TLS client subjects (CN or full subject) that may Analyze
+    status_subjects: tuple[str, ...] = ()  # TLS client subjects that may only read status and health
+    loopback: str = "analyze"  # plaintext loopback TCP callers: "analyze", "status" or "none"
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """``[logging]``: level, destination and the key that hashes UIDs in log lines."""
+
+    level: str = "info"  # debug | info | warning | error
+    journald: str = "auto"  # auto (when $JOURNAL_STREAM is set) | yes | no
+    uid_key_file: str = ""  # 32-byte secret for hash_uid, created 0600 if missing; "" = random per start
 
 
 @dataclass(frozen=True)
@@ -148,6 +193,9 @@ class Config:
     dicom: DicomConfig = field(default_factory=DicomConfig)
     thermal: ThermalSection = field(default_factory=ThermalSection)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    access: AccessConfig = field(default_factory=AccessConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def models_dir(self) -> Path:
         """The model repository directory."""
@@ -193,34 +241,84 @@ def _section(cls: type, raw: dict[str, Any], name: str) -> Any:
     return cls(**kwargs)
 
 
+#: Every numeric key: (min, max) inclusive. docs/operations.md documents the same table; a test keeps every
+#: numeric field of every section in here.
+RANGES: dict[str, tuple[float, float]] = {
+    # 2**31 - 1 is grpc's int32 option limit; the receive limit adds 1 MiB of envelope to this key.
+    "server.max_message_bytes": (1024, (1 << 31) - 1 - (1 << 20)),
+    # The unit's TimeoutStopSec (30 s) must be >= grace_s + 10 s of margin; see docs/operations.md.
+    "server.grace_s": (0.0, 20.0),
+    "server.default_deadline_s": (0.001, 3600.0),  # > 0: a wedged stage must never hold a request forever
+    "server.inflight_bytes": (1024, 1 << 40),
+    "server.max_concurrent_rpcs": (16, 1_000_000),
+    "server.stall_s": (0.1, 3600.0),
+    "workers.step_timeout_s": (0.1, 3600.0),
+    "workers.memory_bytes": (64 << 20, 1 << 40),
+    "workers.recycle_rss_bytes": (64 << 20, 1 << 40),
+    "workers.start_timeout_s": (1.0, 3600.0),
+    "workers.nice": (0, 19),
+    "engine.intra_op_threads": (1, 256),
+    "engine.warmup_runs": (0, 100),
+    "engine.min_free_bytes": (0, 1 << 50),
+    "batcher.max_wait_s": (0.0, 0.5),
+    "batcher.queue_capacity": (1, 65536),
+    "batcher.preprocess_workers": (0, 64),  # 0 = auto
+    "dicom.max_pixels_per_frame": (1, 65535 * 65535),
+    "dicom.max_frames": (1, 65535),
+    "dicom.max_decoded_bytes": (1, 1 << 40),
+    "dicom.max_inflated_bytes": (1, 1 << 40),
+    "dicom.max_items": (1, 10_000_000),
+    "thermal.period_s": (0.05, 60.0),
+    "metrics.window": (1, 1_000_000),
+}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "thermal.sensor": ("auto", "nvml", "none", "sim"),
+    "access.loopback": ("analyze", "status", "none"),
+    "logging.level": ("debug", "info", "warning", "error"),
+    "logging.journald": ("auto", "yes", "no"),
+}
+
+
+def _check_ranges(cfg: Config) -> None:
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        for g in dataclasses.fields(section):
+            key, value = f"{f.name}.{g.name}", getattr(section, g.name)
+            if key in _CHOICES and value not in _CHOICES[key]:
+                raise ConfigError(f"config key {key} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+            if key not in RANGES or isinstance(value, bool):
+                continue
+            lo, hi = RANGES[key]
+            if not lo <= value <= hi:
+                raise ConfigError(f"config key {key} = {value!r} is out of range [{lo:g}, {hi:g}]")
+
+
+def _check_engine_options(cfg: Config) -> None:
+    """Unknown ``[engine.options]`` keys are errors: each backend declares its options (Engine.OPTIONS)."""
+    from appliance.engines import AUTO_ORDER, BACKENDS, declared_options
+
+    backend = cfg.engine.backend
+    if backend != "auto" and backend not in BACKENDS:
+        raise ConfigError(f"config key engine.backend: unknown backend {backend!r}; known: auto, {', '.join(BACKENDS)}")
+    names = AUTO_ORDER if backend == "auto" else (backend,)
+    known: dict[str, str] = {}
+    for name in names:
+        known.update(declared_options(name))
+    for key in cfg.engine.options:
+        if key not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise ConfigError(f"unknown config key engine.options.{key} for backend {backend!r} (known: {allowed})")
+
+
 def _validate(cfg: Config) -> None:
-    checks = [
-        (cfg.server.max_message_bytes > 0, "server.max_message_bytes must be > 0"),
-        (cfg.server.grace_s >= 0, "server.grace_s must be >= 0"),
-        (cfg.server.default_deadline_s > 0, "server.default_deadline_s must be > 0"),
-        (cfg.server.inflight_bytes >= cfg.server.max_message_bytes,
-         "server.inflight_bytes must be >= server.max_message_bytes"),
-        (cfg.server.stall_s > 0, "server.stall_s must be > 0"),
-        (cfg.server.max_concurrent_rpcs >= 16, "server.max_concurrent_rpcs must be >= 16"),
-        (cfg.workers.step_timeout_s > 0, "workers.step_timeout_s must be > 0"),
-        (0 <= cfg.workers.nice <= 19, "workers.nice must be 0 .. 19"),
-        (cfg.workers.memory_bytes >= 64 << 20, "workers.memory_bytes must be >= 67108864 (64 MiB)"),
-        (cfg.dicom.max_inflated_bytes > 0, "dicom.max_inflated_bytes must be > 0"),
-        (cfg.dicom.max_items >= 1, "dicom.max_items must be >= 1"),
-        (cfg.metrics.window >= 1, "metrics.window must be >= 1"),
-        (cfg.engine.warmup_runs >= 0, "engine.warmup_runs must be >= 0"),
-        (len(cfg.server.listen) > 0, "server.listen must name at least one address"),
-        (cfg.batcher.max_wait_s >= 0, "batcher.max_wait_s must be >= 0"),
-        (cfg.batcher.queue_capacity >= 1, "batcher.queue_capacity must be >= 1"),
-        (0 <= cfg.batcher.preprocess_workers <= 64, "batcher.preprocess_workers must be 0 (auto) .. 64"),
-        (cfg.engine.intra_op_threads >= 1, "engine.intra_op_threads must be >= 1"),
-        (cfg.thermal.sensor in ("auto", "nvml", "none", "sim"), "thermal.sensor must be auto, nvml, none or sim"),
-        (cfg.thermal.period_s > 0, "thermal.period_s must be > 0"),
-        (cfg.dicom.max_frames >= 1, "dicom.max_frames must be >= 1"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    from appliance.listen import validate_listeners
+
+    _check_ranges(cfg)
+    _check_engine_options(cfg)
+    validate_listeners(cfg)
+    if cfg.server.inflight_bytes < cfg.server.max_message_bytes:
+        raise ConfigError("config key server.inflight_bytes must be >= server.max_message_bytes")
 
 
 def load_config(path: Path | str | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
@@ -231,6 +329,14 @@ def load_config(path: Path | str | None = None, overrides: dict[str, dict[str, A
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} not found") from None
+        except PermissionError:
+            raise ConfigError(f"config file {path} is not readable by uid {os.geteuid()} (permission denied)") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path} is a directory") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path}: {e}") from e
     for section, values in (overrides or {}).items():

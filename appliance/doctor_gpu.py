@@ -129,11 +129,13 @@ def _end_to_end(nvml: Any, backend: str = "tensorrt", requests: int = 200) -> An
     temps: list[float] = []
     stop = threading.Event()
 
-    def sample() -> None:
-        while not stop.wait(0.5):
+    def sample() -> None:  # at the start, every 0.5 s, and once more at the end: a short run still has readings
+        while True:
             reading = nvml.read()
             if reading.temp_c is not None:
                 temps.append(float(reading.temp_c))
+            if stop.wait(0.5):
+                return
 
     files = synthetic.workload("mixed", min(32, requests), 7)
     with tempfile.TemporaryDirectory(prefix="appliance-doctor-") as tmp:
@@ -150,6 +152,7 @@ def _end_to_end(nvml: Any, backend: str = "tensorrt", requests: int = 200) -> An
         finally:
             stop.set()
             daemon.stop()
+        sampler.join(2.0)
     lat = report.get("latency_ms", {})
     data = {"backend": backend, "latency_ms": lat, "throughput_per_s": report.get("throughput_per_s"),
             "errors": report.get("errors"),

@@ -22,6 +22,7 @@ from grpc_status import rpc_status
 
 from appliance.analyze import Analysis, RequestPath
 from appliance.errors import ApplianceError, InputError
+from appliance.privacy import hash_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.work import Priority
@@ -50,6 +51,14 @@ def error_status(error: ApplianceError) -> status_pb2.Status:
         delay = duration_pb2.Duration(seconds=int(seconds), nanos=int((seconds % 1) * 1e9))
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     return status_pb2.Status(code=error.code.value[0], message=str(error), details=details)
+
+
+def _loggable(request_id: str) -> str:
+    """The request id if it is valid (printable, <= 64 characters), else "-": never a forged log line."""
+    try:
+        return validate_request_id(request_id) or "-"
+    except InputError:
+        return "-"
 
 
 class _FrameWindow:
@@ -84,7 +93,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         status: Callable[[], pb.Status],
         *,
         stream_window: int,
-        log_uid: Callable[[str], str] = lambda uid: "-",
+        log_uid: Callable[[str], str] = hash_uid,
     ) -> None:
         self.path = path
         self.status = status  # GetStatus
@@ -120,11 +129,20 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             status=pb.ItemStatus(code=0, message="OK"),
         )
 
-    def _finish(self, code: grpc.StatusCode, t0: float, analysis: Analysis | None = None) -> None:
-        """Log one answered request (the request path counts every status for metrics)."""
+    def _finish(self, code: grpc.StatusCode, t0: float, request_id: str, analysis: Analysis | None = None) -> None:
+        """One log line per answered request, whatever its outcome (the request path counts it for metrics).
+
+        The request id is logged only once validated (printable, <= 64 characters), UIDs only hashed; under
+        systemd REQUEST_ID, CODE and MS become journal fields (docs/security.md).
+        """
+        ms = (self.path.clock.monotonic() - t0) * 1000.0
+        rid = _loggable(analysis.request_id if analysis is not None else request_id)
+        extra = {"request_id": rid, "code": code.name, "ms": f"{ms:.1f}"}
         if analysis is not None:
-            log.info("Analyze %s uid=%s frames=%d total=%.1fms", analysis.request_id,
-                     self.log_uid(analysis.sop_instance_uid), len(analysis.frames), analysis.total_ms)
+            log.info("Analyze %s OK uid=%s frames=%d total=%.1fms", rid, self.log_uid(analysis.sop_instance_uid),
+                     len(analysis.frames), ms, extra=extra)
+        else:
+            log.info("Analyze %s %s total=%.1fms", rid, code.name, ms, extra=extra)
 
     @staticmethod
     def _unexpected(e: BaseException) -> ApplianceError:
@@ -149,18 +167,18 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 time_remaining=context.time_remaining(),
             )
         except asyncio.CancelledError:
-            self._finish(grpc.StatusCode.CANCELLED, t0)
+            self._finish(grpc.StatusCode.CANCELLED, t0, request.request_id)
             raise
         except ApplianceError as e:
-            self._finish(e.code, t0)
+            self._finish(e.code, t0, request.request_id)
             await context.abort_with_status(rpc_status.to_status(error_status(e)))
             raise AssertionError("unreachable") from None
         except Exception as e:  # noqa: BLE001 - last rung of the ladder: wrap, log, INTERNAL
             err = self._unexpected(e)
-            self._finish(err.code, t0)
+            self._finish(err.code, t0, request.request_id)
             await context.abort_with_status(rpc_status.to_status(error_status(err)))
             raise AssertionError("unreachable") from None
-        self._finish(grpc.StatusCode.OK, t0, analysis)
+        self._finish(grpc.StatusCode.OK, t0, request.request_id, analysis)
         return self._response(analysis)
 
     async def AnalyzeStream(  # noqa: N802
@@ -191,19 +209,19 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
                     time_remaining=context.time_remaining(), admit_frames=admit, wait_for_budget=True,
                 )
-                self._finish(grpc.StatusCode.OK, t0, analysis)
+                self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)
             except ApplianceError as e:
-                self._finish(e.code, t0)
+                self._finish(e.code, t0, rid)
                 safe_rid = rid if not isinstance(e, InputError) or e.field != "request_id" else ""
                 response = pb.AnalyzeResponse(request_id=safe_rid,
                                               status=pb.ItemStatus(code=e.code.value[0], message=str(e)))
             except asyncio.CancelledError:
-                self._finish(grpc.StatusCode.CANCELLED, t0)
+                self._finish(grpc.StatusCode.CANCELLED, t0, rid)
                 raise
             except Exception as e:  # noqa: BLE001
                 err = self._unexpected(e)
-                self._finish(err.code, t0)
+                self._finish(err.code, t0, rid)
                 response = pb.AnalyzeResponse(request_id=rid,
                                               status=pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err)))
             finally:

@@ -64,3 +64,53 @@ def test_numbers_must_be_numbers(tmp_path: Path, text: str, key: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match=key):
         load_config(path)
+
+
+def test_every_numeric_key_has_a_documented_range() -> None:
+    import dataclasses
+
+    from appliance.config import RANGES, Config
+
+    cfg = Config()
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    for section in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            value = getattr(getattr(cfg, section.name), f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                key = f"{section.name}.{f.name}"
+                assert key in RANGES, f"{key} has no range in appliance.config.RANGES"
+                assert f"`{key}`" in docs, f"{key} is not in docs/operations.md's range table"
+    for key, (lo, hi) in RANGES.items():
+        section, name = key.split(".")
+        default = getattr(getattr(cfg, section), name)
+        assert lo <= default <= hi, key
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("dicom", "max_decoded_bytes", -1),
+        ("dicom", "max_pixels_per_frame", 0),
+        ("server", "max_message_bytes", 1 << 31),
+        ("batcher", "preprocess_workers", 100000),
+        ("batcher", "max_wait_s", 1e9),
+        ("server", "grace_s", 60.0),
+        ("metrics", "listen", "127.0.0.1:99999"),
+        ("server", "listen", ["127.0.0.1:99999"]),
+        ("server", "listen", ["10.0.0.5:50051"]),
+        ("access", "loopback", "everyone"),
+        ("logging", "level", "verbose"),
+    ],
+)
+def test_out_of_range_values_name_the_key(section: str, key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{section}.{key}"):
+        load_config(None, {section: {key: value}})
+
+
+def test_unknown_engine_option_is_refused_for_the_selected_backend() -> None:
+    cfg = load_config(None, {"engine": {"backend": "fake", "options": {"latency_s": 0.01}}})
+    assert cfg.engine.options == {"latency_s": 0.01}
+    with pytest.raises(ConfigError, match="engine.options.latency .*known: dead_after, fail_batches"):
+        load_config(None, {"engine": {"backend": "fake", "options": {"latency": 0.01}}})
+    with pytest.raises(ConfigError, match="engine.options.latency_s .*known: none"):
+        load_config(None, {"engine": {"backend": "onnxruntime-cpu", "options": {"latency_s": 0.01}}})

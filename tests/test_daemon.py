@@ -123,7 +123,7 @@ def test_bad_config_fails_fast_naming_the_key(tmp_path: Path, bad: str) -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 78  # EX_CONFIG (tests/test_startup_refusals.py has the full table)
     assert "batcher.max_wiat_s" in proc.stderr
 
 

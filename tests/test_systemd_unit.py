@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 UNIT = Path(__file__).resolve().parents[1] / "systemd" / "edge-appliance.service"
-MAX_EXPOSURE = 2.5
+MAX_EXPOSURE = 2.0
 
 pytestmark = [
     pytest.mark.systemd,
@@ -77,3 +77,30 @@ def test_unit_lifecycle_directives() -> None:
     assert directives["Restart"] == ["on-failure"]
     assert directives["ExecStart"][0].split()[1:] == ["serve", "--config", "/etc/appliance/appliance.toml"]
     assert "ExecStartPre" not in directives, "the privileged power limit must stay opt-in"
+
+
+def test_unit_network_and_restart_policy() -> None:
+    """IP only with loopback by default, no netlink, no restart loop on a config error, grace fits the stop."""
+    from appliance.config import RANGES
+
+    text = UNIT.read_text()
+    directives = _directives(text)
+    assert directives["IPAddressDeny"] == ["any"]
+    assert directives["IPAddressAllow"] == ["localhost"]
+    assert directives["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
+    assert directives["RestartPreventExitStatus"] == ["78"]
+    assert directives["RuntimeDirectory"] == ["appliance"]
+    assert "ExecReload" not in directives
+    assert "SIGHUP reloads" not in text
+    timeout = directives["TimeoutStopSec"][0]
+    assert timeout.endswith("s")
+    assert float(timeout[:-1]) >= RANGES["server.grace_s"][1] + 10
+
+
+def test_sysusers_snippet_matches_the_unit() -> None:
+    snippet = (UNIT.parent / "sysusers.d" / "edge-appliance.conf").read_text()
+    directives = _directives(UNIT.read_text())
+    user = directives["User"][0]
+    assert any(line.split()[:2] == ["u", user] for line in snippet.splitlines())
+    for group in directives["SupplementaryGroups"][0].split():
+        assert f"m {user} {group}" in snippet

@@ -19,7 +19,8 @@ import numpy as np
 from appliance.engines.base import Engine, EngineOptions
 from appliance.errors import BackendUnavailable, EngineError
 
-__all__ = ["AUTO_ORDER", "BACKENDS", "AutoEngine", "Engine", "EngineOptions", "backend_report", "resolve"]
+__all__ = ["AUTO_ORDER", "BACKENDS", "AutoEngine", "Engine", "EngineOptions", "backend_report", "declared_options",
+           "resolve"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,14 @@ def _why(name: str) -> str | None:
         return _load_class(name).why_unavailable()
     except ImportError as e:  # a backend module whose own imports fail
         return f"import failed: {e}"
+
+
+def declared_options(name: str) -> dict[str, str]:
+    """The ``[engine.options]`` keys backend ``name`` accepts (its class's ``OPTIONS``)."""
+    try:
+        return dict(_load_class(name).OPTIONS)
+    except ImportError:  # the backend's module cannot even be imported here: it declares nothing usable
+        return {}
 
 
 def backend_report() -> dict[str, str | None]:

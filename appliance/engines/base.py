@@ -39,6 +39,9 @@ class Engine(abc.ABC):
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
     #: Batches that may be submitted before the oldest result is collected (see the module docstring).
     max_in_flight: ClassVar[int] = 1
+    #: ``[engine.options]`` keys this backend reads from the config file, name -> meaning. Any other key in
+    #: the file is a config error (appliance.config). Test-only objects (clocks, events) are not listed.
+    OPTIONS: ClassVar[dict[str, str]] = {}
 
     def __init__(self, manifest: Manifest, artifact: Artifact, options: EngineOptions | None = None) -> None:
         self.manifest = manifest

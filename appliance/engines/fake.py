@@ -29,6 +29,12 @@ class FakeEngine(Engine):
 
     name = "fake"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
+    OPTIONS: ClassVar[dict[str, str]] = {
+        "latency_s": "seconds slept per batch",
+        "fail_batches": "batch numbers that raise EngineError",
+        "dead_after": "batch number from which EngineDeadError is raised",
+        "hang_after": "batch number from which run() blocks forever",
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -49,6 +49,13 @@ class TritonEngine(Engine):
 
     name = "triton"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}  # grpcio and the vendored stubs are core dependencies
+    OPTIONS: ClassVar[dict[str, str]] = {
+        "url": "host:port of the remote Triton / KServe v2 gRPC endpoint",
+        "model_name": "remote model name (default: the manifest's)",
+        "model_version": "remote model version (default: any)",
+        "timeout_s": "deadline of one batch (default 10 s)",
+        "load_timeout_s": "how long load() waits for the remote model to be ready (default 60 s)",
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -37,6 +37,7 @@ from PIL import Image
 
 from appliance import dicom
 from appliance.errors import ApplianceError, DicomError, Overloaded
+from appliance.logs import configure_logging
 from appliance.preprocess import Pipeline, load_pipelines
 from appliance.workers.arena import SlotArena
 
@@ -197,6 +198,8 @@ class _Worker:
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """Entry point of a worker process (started by the pool's fork server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    os.environ["RUST_BACKTRACE"] = "0"  # a decoder panic is one error reply, not a backtrace in the journal
+    configure_logging("warning", "auto")  # journald under systemd; third-party loggers quieted (docs/security.md)
     logging.getLogger("pydicom").setLevel(logging.CRITICAL)  # its warnings can quote element values
     warnings.simplefilter("ignore")
     sys.setrecursionlimit(2000)  # deeply nested sequences end in RecursionError -> a client error

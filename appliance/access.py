@@ -1,0 +1,165 @@
+"""Who may call what: a grpc.aio server interceptor that checks each call's peer before the handler runs.
+
+Two roles: **analyze** (Analyze, AnalyzeStream and everything below) and **status** (GetStatus, health,
+reflection). A caller gets a role from how it connected (docs/security.md):
+
+- over the **unix socket**: analyze. The socket's mode (0660, group ``server.socket_group``) is the control.
+- over **plaintext loopback TCP**: ``access.loopback`` ("analyze" by default, "status" or "none").
+- over **TLS**: with no allow-list, analyze (with mTLS that means "holds a certificate our CA signed"). With
+  ``access.analyze_subjects`` / ``access.status_subjects`` set, the client certificate's common name or full
+  subject (``CN=pacs-1,O=Hospital``, attributes in any order) must be in one of them; anyone else: none.
+
+A call above its role is answered PERMISSION_DENIED before the handler runs. grpc.aio interceptors see only the
+method name and metadata, not the peer, so :class:`AccessInterceptor` wraps the handler it is given and makes the
+check on the call's own context, the one place the TLS auth context is available.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+if TYPE_CHECKING:
+    from appliance.config import AccessConfig, Config
+
+__all__ = [
+    "ANALYZE",
+    "ANALYZE_METHODS",
+    "NONE",
+    "STATUS",
+    "AccessInterceptor",
+    "AccessPolicy",
+    "interceptors",
+    "subject_key",
+]
+
+log = logging.getLogger(__name__)
+
+ANALYZE, STATUS, NONE = "analyze", "status", "none"
+_RANK = {NONE: 0, STATUS: 1, ANALYZE: 2}
+
+#: Methods that need the analyze role; every other method needs status.
+ANALYZE_METHODS = frozenset({"/appliance.v1.Inference/Analyze", "/appliance.v1.Inference/AnalyzeStream"})
+
+
+def subject_key(subject: str) -> tuple[str, ...]:
+    """A subject's attributes in a fixed order, so ``O=H,CN=x`` and ``CN=x,O=H`` compare equal."""
+    return tuple(sorted(part.strip() for part in re.split(r"(?<!\\),", subject) if part.strip()))
+
+
+def _first(auth: dict[str, list[bytes]], key: str) -> str:
+    values = auth.get(key) or []
+    return values[0].decode("utf-8", "replace") if values else ""
+
+
+class AccessPolicy:
+    """Maps a call's peer and auth context to a role, and a method to the role it needs."""
+
+    def __init__(self, access: AccessConfig) -> None:
+        self.access = access
+        self.analyze = frozenset(map(subject_key, access.analyze_subjects))
+        self.status = frozenset(map(subject_key, access.status_subjects))
+
+    def role(self, peer: str, auth: dict[str, list[bytes]]) -> tuple[str, str]:
+        """Return ``(role, who)`` for a caller; ``who`` names it for log lines and errors (never patient data)."""
+        if peer.startswith("unix:"):
+            return ANALYZE, "unix socket"
+        if _first(auth, "transport_security_type") != "ssl":
+            return self.access.loopback, f"plaintext {peer}"
+        cn, subject = _first(auth, "x509_common_name"), _first(auth, "x509_subject")
+        who = subject or "TLS client without certificate"
+        if not (self.analyze or self.status):
+            return ANALYZE, who
+        names = {subject_key(n) for n in (cn, subject) if n}
+        if names & self.analyze:
+            return ANALYZE, who
+        if names & self.status:
+            return STATUS, who
+        return NONE, who
+
+    @staticmethod
+    def needed(method: str) -> str:
+        """The role ``method`` (``/package.Service/Method``) needs."""
+        return ANALYZE if method in ANALYZE_METHODS else STATUS
+
+    def allows(self, method: str, peer: str, auth: dict[str, list[bytes]]) -> tuple[bool, str]:
+        """``(allowed, who)`` for one call."""
+        role, who = self.role(peer, auth)
+        return _RANK[role] >= _RANK[self.needed(method)], who
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler so that the call is checked against :class:`AccessPolicy` first."""
+
+    def __init__(self, policy: AccessPolicy) -> None:
+        self.policy = policy
+        self.denied = 0  # calls refused (read by tests and status)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Return the handler wrapped with the access check (unknown methods pass through unchanged)."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        return _wrap(handler, handler_call_details.method, self._check)
+
+    async def _check(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        allowed, who = self.policy.allows(method, context.peer(), context.auth_context())
+        if not allowed:
+            self.denied += 1
+            log.warning("access denied: %s may not call %s", who, method)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method} (config [access])")
+
+
+def _wrap(handler: grpc.RpcMethodHandler, method: str, check: Callable[..., Awaitable[None]]) -> grpc.RpcMethodHandler:
+    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        inner = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await check(method, context)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(_streaming(handler.unary_stream, method, check), **codec)
+    if handler.stream_unary:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await check(method, context)
+            return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
+    return grpc.stream_stream_rpc_method_handler(_streaming(handler.stream_stream, method, check), **codec)
+
+
+def _streaming(inner: Any, method: str, check: Callable[..., Awaitable[None]]) -> Any:
+    """Wrap a streaming behaviour keeping its style: an async generator, or a coroutine using context.write."""
+    if inspect.isasyncgenfunction(inner):
+
+        async def generator(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await check(method, context)
+            async for response in inner(request, context):
+                yield response
+
+        return generator
+
+    async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await check(method, context)
+        return await inner(request, context)
+
+    return coroutine
+
+
+def interceptors(cfg: Config) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors to pass to ``grpc.aio.server(interceptors=...)`` for this configuration."""
+    return [AccessInterceptor(AccessPolicy(cfg.access))]

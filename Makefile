@@ -1,13 +1,14 @@
 # edge-appliance: the README's two commands live here.
 #   make run   - fresh machine -> .venv with the CPU extra -> `appliance serve` (bundled model, ORT on CPU)
 #   make test  - same set-up plus the dev extra -> the whole test suite
+#   make bench - the standard side-by-side benchmark (appliance vs a tuned Triton peer): bench.json + PNGs
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-dev bench chaos soak proto model eval thermal-sim interop clean
+.PHONY: run test setup setup-dev bench bench-quick bench-peer chaos soak proto model eval thermal-sim interop clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +31,19 @@ run: setup
 test: setup-dev
 	$(BIN)/python -m pytest $(ARGS)
 
-bench: setup
+# The Triton peer's own venv (PyTriton + the same onnxruntime and decoders), outside the runtime deps.
+PEER_PY := bench/peers/triton/.venv/bin/python
+$(PEER_PY): bench/peers/triton/setup.sh | $(VENV)/.setup-dev
+	bench/peers/triton/setup.sh $(BIN)/python
+
+bench-peer: $(PEER_PY)
+
+# Standard set (docs/performance.md): costs, sweep, Poisson, bursts, tuned Triton, self-comparison, plots.
+bench: setup-dev bench-peer
+	$(BIN)/appliance bench --standard --json bench.json --plot bench $(ARGS)
+
+# The appliance alone: overlap vs --no-overlap, 16 clients.
+bench-quick: setup
 	$(BIN)/appliance bench --json bench.json $(ARGS)
 
 # Hostile inputs and crashing decoders against a real daemon for DURATION seconds (not in the default tests).

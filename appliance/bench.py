@@ -8,6 +8,20 @@ skips the comparison. The workload is real DICOM from :mod:`appliance.synthetic`
 Report fields: ``throughput_per_s``, ``latency_ms`` {p50, p90, p99, max}, ``stages_ms``
 {preprocess_per_item, engine_per_batch} (server-side medians from GetStatus), ``batch_fill``, ``errors``
 (counts by status code), ``sequential_throughput_per_s``, ``speedup_vs_sequential``, plus the configuration.
+
+Added by the side-by-side measurement (docs/performance.md), all optional:
+
+* ``--costs``: ``costs`` (per-slice CPU costs on one pinned core: preprocessing by transfer syntax, engine
+  per batch, FLOPs, single-thread SGEMM), ``ceiling`` (2-core ceiling and pipelined bound),
+  ``engine_flops_ratio``, ``preprocess_uncompressed_ms``;
+* ``--sweep 1,4,8,16``: ``sweep`` (closed loop at each concurrency: throughput, latency, server CPU and
+  wake-ups per answered request); ``--poisson F``: open-loop Poisson at F x capacity; ``--bursts``;
+* ``--peer triton``: the same load on a tuned Triton (``bench/peers/triton``), interleaved, ratios under
+  ``peer``; ``--self-workload``: the overlap-vs-sequential comparison on another workload;
+* ``targets``: each goal of docs/performance.md with its figure and ``met``; ``--plot PREFIX``: PNGs.
+
+``--standard`` is the set ``make bench`` runs.
+
 With ``--scrape-hz`` a Prometheus-like scraper fetches ``/metrics`` during the measurement (``scrape``: hz,
 count, mean ms), to check that serving metrics does not slow the data path (docs/monitoring.md).
 """
@@ -16,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import os
 import platform
@@ -42,12 +55,34 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 __all__ = ["main", "run_load"]
 
 SCHEMA_VERSION = 1
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def status_fields(stub: pb_grpc.InferenceStub) -> dict[str, Any]:
+    """The report fields read from the daemon's GetStatus (server-side stage medians, batch fill, model)."""
+    status = await stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+    lat = status.latency_ms
+    return {
+        "stages_ms": {
+            "preprocess_per_item": round(lat["preprocess"].p50, 2) if "preprocess" in lat else None,
+            "engine_per_batch": round(lat["engine"].p50, 2) if "engine" in lat else None,
+            "queue": round(lat["queue"].p50, 2) if "queue" in lat else None,
+        },
+        "batch_fill": round(status.batch_fill, 3),
+        "server": {
+            "model": status.model.name,
+            "precision": status.model.precision,
+            "backend": status.model.backend,
+            "batch_size": status.model.batch_size,
+            "batches": status.batches,
+        },
+    }
 
 
 async def run_load(
@@ -61,60 +96,15 @@ async def run_load(
     timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Drive ``target`` with ``concurrency`` closed-loop clients; return throughput, latencies and errors."""
-    options = [("grpc.max_send_message_length", 128 << 20), ("grpc.max_receive_message_length", 128 << 20)]
-    latencies: list[float] = []
-    errors: collections.Counter[str] = collections.Counter()
-    counter = iter(range(10**12))
-    async with grpc.aio.insecure_channel(target, options=options) as channel:
-        stub = pb_grpc.InferenceStub(channel)
-        t_start = time.monotonic()
-        stop_at = t_start + duration_s if duration_s else None
+    from appliance.loadgen import CHANNEL_OPTIONS, appliance_sender, closed_loop
 
-        async def client() -> None:
-            while True:
-                i = next(counter)
-                if requests is not None and i >= requests:
-                    return
-                if stop_at is not None and time.monotonic() >= stop_at:
-                    return
-                req = pb.AnalyzeRequest(dicom=files[i % len(files)], pipeline=pipeline, request_id=f"bench-{i}")
-                t0 = time.monotonic()
-                try:
-                    await stub.Analyze(req, timeout=timeout_s)
-                    latencies.append((time.monotonic() - t0) * 1000.0)
-                    errors["OK"] += 1
-                except grpc.aio.AioRpcError as e:
-                    errors[e.code().name] += 1
-
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        elapsed = time.monotonic() - t_start
-        status = await stub.GetStatus(pb.GetStatusRequest(), timeout=5)
-    lat = np.asarray(latencies) if latencies else np.zeros(1)
-    return {
-        "requests": int(sum(errors.values())),
-        "elapsed_s": round(elapsed, 3),
-        "throughput_per_s": round(len(latencies) / elapsed, 2) if elapsed > 0 else 0.0,
-        "latency_ms": {
-            "p50": round(float(np.percentile(lat, 50)), 2),
-            "p90": round(float(np.percentile(lat, 90)), 2),
-            "p99": round(float(np.percentile(lat, 99)), 2),
-            "max": round(float(lat.max()), 2),
-        },
-        "stages_ms": {
-            "preprocess_per_item": round(status.latency_ms["preprocess"].p50, 2),
-            "engine_per_batch": round(status.latency_ms["engine"].p50, 2),
-            "queue": round(status.latency_ms["queue"].p50, 2),
-        },
-        "batch_fill": round(status.batch_fill, 3),
-        "errors": {k: v for k, v in errors.items() if k != "OK"},
-        "server": {
-            "model": status.model.name,
-            "precision": status.model.precision,
-            "backend": status.model.backend,
-            "batch_size": status.model.batch_size,
-            "batches": status.batches,
-        },
-    }
+    async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        send = appliance_sender(channel, files, pipeline, timeout_s=timeout_s)
+        res = await closed_loop(send, len(files), concurrency=concurrency, duration_s=duration_s, requests=requests)
+        fields = await status_fields(pb_grpc.InferenceStub(channel))
+    out = res.summary()
+    out["latency_ms"].pop("jitter")
+    return {**out, **fields}
 
 
 class _Daemon:
@@ -130,6 +120,11 @@ class _Daemon:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("NOTIFY_SOCKET", None)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def pid(self) -> int:
+        """The daemon's process (worker processes are its descendants)."""
+        return self.proc.pid
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -216,32 +211,32 @@ def _drive(target: str, files: list[bytes], args: argparse.Namespace, metrics_ur
     return {**result, "scrape": scraper.report()}
 
 
+def _warm(target: str, files: list[bytes], args: argparse.Namespace) -> None:
+    if args.warmup:  # let caches, the batch-time estimate and the thread pools settle
+        asyncio.run(run_load(target, files, concurrency=args.concurrency, duration_s=None, requests=args.warmup,
+                             pipeline=args.pipeline))
+
+
 def _measure(args: argparse.Namespace, files: list[bytes], extra: list[str], logdir: Path, tag: str) -> dict[str, Any]:
     daemon = _Daemon(extra, logdir / f"daemon-{tag}.log")
     try:
         daemon.wait_serving()
-        if args.warmup:  # let caches, the batch-time estimate and the thread pools settle
-            asyncio.run(
-                run_load(
-                    daemon.target,
-                    files,
-                    concurrency=args.concurrency,
-                    duration_s=None,
-                    requests=args.warmup,
-                    pipeline=args.pipeline,
-                )
-            )
+        _warm(daemon.target, files, args)
         return _drive(daemon.target, files, args, daemon.metrics_url)
     finally:
         daemon.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the report and write it with ``--json FILE``."""
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
     from appliance import synthetic
 
     parser = argparse.ArgumentParser(prog="appliance bench", description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="drive a running daemon at ADDR (skips the sequential comparison)")
+    parser.add_argument("--target-pid", type=int, help="with --target: the daemon's pid, for CPU per request")
     parser.add_argument("--workload", default="mixed", choices=sorted(synthetic.WORKLOADS))
     parser.add_argument("--concurrency", type=int, default=16)
     group = parser.add_mutually_exclusive_group()
@@ -252,10 +247,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--pipeline", default="")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--standard", action="store_true",
+                        help="the standard set (make bench): quarters workload, costs, sweep 1,4,8,16, Poisson "
+                             "at 0.7, bursts, tuned Triton peer, jpegls self-comparison, plots")
+    parser.add_argument("--costs", action="store_true", help="measure per-slice CPU costs and the ceilings")
+    parser.add_argument("--sweep", type=_ints, default=[], help="closed-loop concurrencies, e.g. 1,4,8,16")
+    parser.add_argument("--poisson", type=float, default=0.0, help="open-loop Poisson at this fraction of capacity")
+    parser.add_argument("--poisson-rate", type=float, default=0.0, help="open-loop Poisson at this rate (req/s)")
+    parser.add_argument("--bursts", default="", help="SIZExPERIODxCOUNT, e.g. 32x2x4 (32 requests every 2 s)")
+    parser.add_argument("--peer", choices=["none", "triton"], default="none")
+    parser.add_argument("--peer-python", type=Path, help="the peer venv's python (default bench/peers/triton/.venv)")
+    parser.add_argument("--peer-instances", type=_ints, default=[1, 2], help="Triton instance counts to try")
+    parser.add_argument("--peer-delays-ms", type=_ints, default=[1, 5, 10], help="Triton queue delays to try")
+    parser.add_argument("--peer-tune-s", type=float, default=8.0, help="seconds per tuning configuration")
+    parser.add_argument("--self-workload", help="run the overlap-vs-sequential comparison on this workload")
+    parser.add_argument("--no-sequential", action="store_true", help="skip the --no-overlap comparison")
+    parser.add_argument("--workers", type=int, help="preprocessing cores for the pipelined bound (default cores-1)")
+    parser.add_argument("--plot", help="write PREFIX-latency.png and PREFIX-throughput.png")
+    parser.add_argument("--logs", type=Path, help="keep daemon and peer logs in this directory")
     parser.add_argument("--scrape-hz", type=float, default=0.0, help="scrape /metrics at this rate while measuring")
     parser.add_argument("--metrics-url", default="", help="the /metrics URL to scrape (default: the spawned daemon's)")
     parser.add_argument("serve_args", nargs="*", help="extra `appliance serve` arguments after --")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _apply_standard(args: argparse.Namespace) -> None:
+    args.workload = "quarters" if args.workload == "mixed" else args.workload
+    args.costs = True
+    args.sweep = args.sweep or [1, 4, 8, 16]
+    args.poisson = args.poisson or 0.7
+    args.bursts = args.bursts or "32x2x4"
+    args.peer = "triton" if args.peer == "none" else args.peer
+    args.self_workload = args.self_workload or "jpegls"
+    args.plot = args.plot or "bench"
+    if args.duration is None and args.requests is None:
+        args.duration = 12.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print the report and write it with ``--json FILE``."""
+    from appliance import synthetic
+
+    args = _parser().parse_args(argv)
+    if args.standard:
+        _apply_standard(args)
     if args.duration is None and args.requests is None:
         args.duration = 20.0
     t0 = time.monotonic()
@@ -273,10 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()},
         "workload_generation_s": round(gen_s, 2),
     }
-    if args.target:
+    extended = (args.costs or args.sweep or args.poisson or args.poisson_rate or args.bursts or args.peer != "none"
+                or args.self_workload)
+    if args.target and not extended:
         report.update(_drive(args.target, files, args))
         report["target"] = args.target
-    else:
+    elif not extended:
         with tempfile.TemporaryDirectory(prefix="appliance-bench-") as tmp:
             logdir = Path(tmp)
             report.update(_measure(args, files, list(args.serve_args), logdir, "overlap"))
@@ -285,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         report["sequential_throughput_per_s"] = sequential["throughput_per_s"]
         seq = sequential["throughput_per_s"]
         report["speedup_vs_sequential"] = round(report["throughput_per_s"] / seq, 3) if seq else None
+    else:
+        from appliance.benchrun import run_extended
+
+        with tempfile.TemporaryDirectory(prefix="appliance-bench-") as tmp:
+            logdir = args.logs or Path(tmp)
+            logdir.mkdir(parents=True, exist_ok=True)
+            run_extended(args, files, report, logdir, _Daemon, _measure, _warm)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -268,8 +268,13 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         "deflated": pydicom.uid.DeflatedExplicitVRLittleEndian,
     }
     out = Path(args.out)
-    if args.count > 1:
+    if args.count > 1 or args.workload:
         out.mkdir(parents=True, exist_ok=True)
+    if args.workload:  # the bench's named mix, byte for byte (same seed, same files)
+        for i, data in enumerate(synthetic.workload(args.workload, args.count, args.seed)):
+            (out / f"{args.workload}-{i:04d}.dcm").write_bytes(data)
+        print(f"{out}: {args.count} files of workload {args.workload!r} (seed {args.seed})")
+        return 0
     for i in range(args.count):
         nodule = {"yes": True, "no": False, "random": None}[args.nodule]
         truth = synthetic.generate_slice(args.seed + i, nodule=nodule)
@@ -359,6 +364,7 @@ def _parser() -> _Parser:
     p.add_argument("--count", type=int, default=1)
     p.add_argument("--nodule", choices=["yes", "no", "random"], default="yes")
     p.add_argument("--syntax", choices=["explicit", "implicit", "rle", "jpegls", "j2k", "deflated"], default="explicit")
+    p.add_argument("--workload", help="write COUNT files of a named bench workload (e.g. quarters) into --out")
     p.set_defaults(func=_cmd_synth)
 
     p = sub.add_parser("backends", help="which engines and DICOM decoders are usable here, and why not")

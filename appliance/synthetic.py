@@ -92,6 +92,9 @@ WORKLOADS: dict[str, dict[str, float]] = {
     "j2k": {JPEG2000Lossless: 1.0},
     "jpegls": {JPEGLSLossless: 0.7, JPEGLSNearLossless: 0.3},
     "rle": {RLELossless: 1.0},
+    # The held-out peer-comparison mix (docs/performance.md): a quarter each of uncompressed, RLE, JPEG-LS and
+    # JPEG 2000, all lossless.
+    "quarters": {ExplicitVRLittleEndian: 0.25, RLELossless: 0.25, JPEGLSLossless: 0.25, JPEG2000Lossless: 0.25},
 }
 
 _UID_ROOT = "1.2.826.0.1.3680043.8.498."  # pydicom's root, as generate_uid uses by default
@@ -739,11 +742,21 @@ def to_dicom(
     return _write(_encode(ds, transfer_syntax))
 
 
+def _apportion(weights: np.ndarray, n: int) -> np.ndarray:
+    """Syntax index per file: exactly round(n * share) files of each (largest remainder), in index order."""
+    quota = weights / weights.sum() * n
+    counts = np.floor(quota).astype(int)
+    for k in np.argsort(-(quota - counts), kind="stable")[: n - int(counts.sum())]:
+        counts[k] += 1
+    return np.repeat(np.arange(len(weights)), counts)
+
+
 def workload(name: str, n: int, seed: int) -> list[bytes]:
     """Return ``n`` DICOM files (bytes) in the named transfer-syntax mix of :data:`WORKLOADS`.
 
-    A handful of base slices is generated and each (slice, syntax) pair is encoded once; every returned file
-    still has its own SOPInstanceUID and InstanceNumber.
+    The mix is exact (largest-remainder counts, shuffled by the seed), so two runs of a benchmark never differ
+    by a sampled composition. A handful of base slices is generated and each (slice, syntax) pair is encoded
+    once; every returned file still has its own SOPInstanceUID and InstanceNumber.
 
     Args:
         name: a key of :data:`WORKLOADS`.
@@ -756,7 +769,7 @@ def workload(name: str, n: int, seed: int) -> list[bytes]:
     rng = np.random.default_rng([seed, 17])
     syntaxes = list(mix)
     weights = np.asarray([mix[s] for s in syntaxes], dtype=np.float64)
-    chosen = rng.choice(len(syntaxes), size=n, p=weights / weights.sum())
+    chosen = rng.permutation(_apportion(weights, n))
     n_base = min(n, 8)
     bases = [generate_slice(np.random.default_rng([seed, 19, i]).integers(2**31 - 1), size=512) for i in
              range(n_base)]

@@ -1,0 +1,20 @@
+"""Print the sha256 of the model inputs the appliance's pipeline computes for the DICOM files in a directory.
+
+The bench runs it under the peer's interpreter and compares with its own digest (``appliance.benchcost
+.inputs_digest``): equal digests mean both servers feed the model bit-identical inputs.
+Usage: PYTHONPATH=<checkout> python check_inputs.py DIR
+"""
+
+import sys
+from pathlib import Path
+
+from appliance.benchcost import inputs_digest
+from appliance.preprocess import load_pipeline
+
+REPO = Path(__file__).resolve().parents[3]
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    pipeline = load_pipeline(REPO / "pipelines" / "ct-nodule.toml", REPO / "models")
+    files = [p.read_bytes() for p in sorted(folder.glob("*.dcm"))]
+    print(inputs_digest(files, pipeline))

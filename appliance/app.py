@@ -128,6 +128,7 @@ class App:
             on_restart=self.metrics.on_worker_restart,
             stage_lock=self.batcher.stage_lock,
         )
+        self.batcher.parsing = self.pool.unadmitted
         # the one request path, which every protocol front end calls
         self.path = RequestPath(
             model=ModelInfo(

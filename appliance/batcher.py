@@ -118,6 +118,8 @@ class Batcher:
         self._stopping = False
         self._accepting = True
         self.stage_lock: threading.Lock | None = None if self.config.overlap else threading.Lock()
+        # requests a worker is parsing (not admitted yet): frames the next batch may wait for (set by the app)
+        self.parsing: Callable[[], int] = lambda: 0
         self.dead: EngineDeadError | None = None
         self.heartbeat = self.clock.monotonic()  # last time the engine thread made progress or idled
         self.batch_s_estimate = 0.05  # EMA of engine seconds per batch (seeded by warm-up)
@@ -356,16 +358,18 @@ class Batcher:
             pace_gap_s=self.pacer.gap(b),
             max_wait_s=self.config.max_wait_s,
             stopping=self._stopping,
-            coming=self._coming() if self.stage_lock is not None else 0,
+            coming=self._coming(),
+            coming_wait_s=math.inf if self.stage_lock is not None else min(b, 0.25),
         )
         if decision.launch is None:
             return None, decision.wait_s
         return [self._ready[i] for i in decision.launch], 0.0
 
     def _coming(self) -> int:
-        """Frames admitted and not yet ready (waiting for or in a worker). Called under the lock."""
-        return sum(1 for r in self._requests for i in r.items
-                   if i.state in (ItemState.ADMITTED, ItemState.PREPROCESSING))
+        """Frames on their way: admitted and not yet ready, plus requests still being parsed. Under the lock."""
+        admitted = sum(1 for r in self._requests for i in r.items
+                       if i.state in (ItemState.ADMITTED, ItemState.PREPROCESSING))
+        return admitted + self.parsing()
 
     def _loop(self) -> None:
         try:

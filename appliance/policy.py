@@ -1,6 +1,8 @@
 """The launch policy: a pure function from the ready frames and the clock to "launch these now" or "wait".
 
-NOTE (launch rule): launch when B frames are ready, or when the oldest ready frame has waited ``max_wait``.
+NOTE (launch rule): launch when B frames are ready, or when the oldest ready frame has waited ``max_wait`` --
+or, while more frames are known to be coming (admitted and decoding, or being parsed), up to about one batch
+time, since a padded row costs the same engine time as a real one.
 INTERACTIVE frames are taken before BATCH frames, oldest first within a class. Under a thermal duty u < 1 the
 pacer leaves gaps of about b(1-u)/u between batches, and the wait for partners grows by that gap (a padded slot
 burns the same power as a real one) -- but never past the point where the earliest deadline could still be met.
@@ -11,7 +13,6 @@ No clock, no lock, no I/O: the batcher calls :func:`choose` under its lock, and 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -57,6 +58,7 @@ def choose(
     max_wait_s: float,
     stopping: bool = False,
     coming: int = 0,
+    coming_wait_s: float = 0.0,
 ) -> Decision:
     """Decide the next launch.
 
@@ -69,8 +71,10 @@ def choose(
         pace_gap_s: the pacer's steady-state gap between batches at the current duty.
         max_wait_s: how long the oldest ready frame may wait for partners when unthrottled.
         stopping: draining: launch whatever is ready.
-        coming: frames admitted but still being preprocessed that should join this batch (sequential mode,
-            where decoding and inference never overlap: wait for them, up to B, but not past a deadline).
+        coming: frames known to be on their way (admitted and being preprocessed, or requests being parsed).
+        coming_wait_s: how long a partial batch may wait for them (about one batch time with overlap, so the
+            engine does not spend whole batches on padding; unbounded in sequential mode, where decoding and
+            inference never overlap). Never past a deadline.
     """
     if not ready:
         return Decision(None, 0.1)
@@ -83,7 +87,7 @@ def choose(
     oldest = min(t_ready)
     max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
     if coming > 0:
-        max_wait = math.inf
+        max_wait = max(max_wait, coming_wait_s)
     deadlines = [r.deadline for r in ready if r.deadline is not None]
     if deadlines:  # never hold a frame past the point where its batch could still finish in time
         max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - oldest))

@@ -140,6 +140,10 @@ class WorkerPool:
             if job in queue:
                 queue.remove(job)
 
+    def unadmitted(self) -> int:
+        """Jobs queued or being parsed (approximate, lock-free: the launch policy reads it often)."""
+        return sum(len(q) for q in self._queues.values()) + sum(1 for j in list(self._busy) if not j.request.items)
+
     def statistics(self) -> PoolStats:
         """Return a snapshot."""
         with self._cond:

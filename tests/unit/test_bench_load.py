@@ -231,7 +231,8 @@ def test_triton_batch_stats_from_counter_deltas() -> None:
 def test_simulated_ideal_queue_waits_only_while_the_engine_idles() -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("simulate", Path(__file__).resolve().parents[2] / "bench" / "simulate.py")
+    path = Path(__file__).resolve().parents[2] / "bench" / "simulate.py"
+    spec = importlib.util.spec_from_file_location("simulate", path)
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)
     # one request at a time, far apart: latency = its preprocessing + the wait + one batch

@@ -38,8 +38,15 @@ CASES = [
     ("deadline leaves some wait", [F(BATCH, 0.9, deadline=1.1)], 1.0, {"pace_gap_s": 0.2},
      Decision(None, 0.05)),
     ("draining launches what is ready", [F(BATCH, 0.999)], 1.0, {"stopping": True}, Decision((0,), 0.0)),
-    ("sequential: waits for frames still decoding", [F(BATCH, 0.5)], 1.0, {"coming": 2}, Decision(None, 0.1)),
-    ("sequential: but not past a deadline", [F(BATCH, 0.5, deadline=1.0)], 1.0, {"coming": 2},
+    ("sequential: waits for frames still decoding", [F(BATCH, 0.5)], 1.0,
+     {"coming": 2, "coming_wait_s": math.inf}, Decision(None, 0.1)),
+    ("sequential: but not past a deadline", [F(BATCH, 0.5, deadline=1.0)], 1.0,
+     {"coming": 2, "coming_wait_s": math.inf}, Decision((0,), 0.0)),
+    ("frames coming: wait up to one batch time", [F(BATCH, 0.99)], 1.0, {"coming": 3, "coming_wait_s": 0.05},
+     Decision(None, 0.04)),
+    ("frames coming but waited long enough", [F(BATCH, 0.9)], 1.0, {"coming": 3, "coming_wait_s": 0.05},
+     Decision((0,), 0.0)),
+    ("nothing coming: max_wait only", [F(BATCH, 0.99)], 1.0, {"coming": 0, "coming_wait_s": 0.05},
      Decision((0,), 0.0)),
 ]
 

@@ -194,7 +194,7 @@ class DicomInstance:
         """Return the file's first (center, width) VOI window for frame ``index``, or None.
 
         None unless (0028,1050) Window Center and (0028,1051) Window Width are present, finite, and the width
-        is at least 1 (notes §4: a width of 0 is common and makes windowing divide by zero).
+        is at least 1 (docs/dicom.md: a width of 0 is common and makes windowing divide by zero).
         """
         return self._windows[index if len(self._windows) > 1 else 0]
 
@@ -219,7 +219,7 @@ class DicomInstance:
         """Return frame ``index`` and the photometric interpretation of the returned array.
 
         With ``raw=True`` YBR data stays YBR (its first channel is then the luma), which skips pydicom's
-        numpy YCbCr->RGB conversion (notes §6: ~60 ms on a 1536x2048 frame). JPEG 2000 decoders always
+        numpy YCbCr->RGB conversion (docs/dicom.md: ~60 ms on a 1536x2048 frame). JPEG 2000 decoders always
         undo YBR_RCT/YBR_ICT themselves and report RGB.
 
         Args:

@@ -112,6 +112,9 @@ class PathLimits:
     max_message_bytes: int  # one request's DICOM bytes
     inflight_bytes: int  # DICOM bytes held by requests not yet answered, all together
     default_deadline_s: float  # applied when the client sends none (> 0: a wedged stage never holds a request)
+    # Requests waiting for a worker (queued or parsing, not yet admitted to slots). Bounded like the inbox: a
+    # full queue is RESOURCE_EXHAUSTED at once (streams wait instead), so nothing queues for seconds unseen.
+    max_unadmitted: int = 64
 
 
 class _ByteBudget:
@@ -253,6 +256,7 @@ class RequestPath:
                 return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames)
 
             job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e))
+            await self._queue_room(deadline, wait=wait_for_budget)
             self.pool.submit(job)
             await self._wait(done, request, job)
         return self._analysis(request, t0)
@@ -291,6 +295,21 @@ class RequestPath:
             self.batcher.put_tensor(item, row)
         await self._wait(done, request, None)
         return [dict(item.outputs or {}) for item in request.items]
+
+    async def _queue_room(self, deadline: float, *, wait: bool) -> None:
+        """Refuse (or, for a stream, wait) while ``max_unadmitted`` requests already wait for a worker."""
+        bound = self.limits.max_unadmitted
+        while (waiting := self.pool.unadmitted()) >= bound:
+            if not wait:
+                self.batcher.count_rejection("QUEUE_FULL")
+                raise Overloaded(
+                    f"{waiting} requests already wait for a preprocessing worker (bound {bound}: config key "
+                    "batcher.queue_capacity)",
+                    retry_after_s=self.batcher.expected_wait_s(),
+                )
+            if self.clock.monotonic() >= deadline:
+                raise DeadlineExceeded("deadline passed while waiting for a preprocessing worker")
+            await asyncio.sleep(0.005)
 
     @contextlib.contextmanager
     def _counted(self, t0: float) -> Iterator[None]:

@@ -148,7 +148,7 @@ class App:
             postprocess=self.postprocess,
             clock=self.clock,
             limits=PathLimits(config.server.max_message_bytes, config.server.inflight_bytes,
-                              config.server.default_deadline_s),
+                              config.server.default_deadline_s, max_unadmitted=config.batcher.queue_capacity),
             check_admitting=self.check_admitting,
             validate_request_id=privacy.validate_request_id,
             on_finished=self.metrics.count_request,

@@ -195,6 +195,10 @@ class Batcher:
             self._requests.add(request)
             self._peak = max(self._peak, cap - len(self._free))
 
+    def count_rejection(self, reason: str) -> None:
+        """Count an admission refused before it reached the inbox (e.g. the worker queue was full)."""
+        self._reject(reason)
+
     def _reject(self, reason: str) -> None:
         with self._cond:
             self._rejected += 1

@@ -162,3 +162,22 @@ def test_an_arena_left_by_a_killed_daemon_is_removed(tmp_path: Path) -> None:
         assert arena.path.exists()
     finally:
         arena.close()
+
+
+def test_requests_waiting_for_a_worker_are_bounded_like_the_inbox(tmp_path: Path) -> None:
+    """Admission stays explicit: past queue_capacity requests waiting for a worker (and slots), the answer is
+    RESOURCE_EXHAUSTED at once instead of a queue that grows for seconds."""
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    config = fake_config(models, batcher={"queue_capacity": 4, "preprocess_workers": 2},
+                         engine={"options": {"latency_s": 0.3}})
+    app = RunningApp(config, notifier=RecordingNotifier())
+    try:
+        with grpc.insecure_channel(app.target) as ch, concurrent.futures.ThreadPoolExecutor(40) as pool:
+            results = list(pool.map(lambda _: _analyze(ch, VALID), range(40)))
+        codes = [code for code, _ in results]
+        assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, results
+        assert "OK" in codes and "RESOURCE_EXHAUSTED" in codes
+        assert app.app.batcher.statistics().rejected > 0  # counted like any other refusal
+    finally:
+        app.stop()

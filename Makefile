@@ -52,10 +52,10 @@ chaos: setup-dev
 	$(BIN)/appliance chaos --duration $(DURATION) --json chaos.json $(ARGS)
 
 # Leak watch: ~80 % of measured capacity for DURATION seconds, with client cancels and bad inputs
-# (appliance/soak.py). Writes soak.json and soak.png.
+# (appliance/tools/soak.py). Writes soak.json and soak.png.
 soak: DURATION ?= 1800
 soak: setup-dev
-	$(BIN)/python -m appliance.soak --duration $(DURATION) --json soak.json --plot soak.png $(ARGS)
+	$(BIN)/python -m appliance.tools.soak --duration $(DURATION) --json soak.json --plot soak.png $(ARGS)
 
 thermal-sim: setup-dev
 	$(BIN)/appliance thermal-sim --hours 24 --json thermal-sim.json --plot thermal-sim.png $(ARGS)

@@ -1,6 +1,6 @@
 """edge-appliance: a hospital-local DICOM inference runtime.
 
-The data path (see ``appliance/app.py``)::
+The data path (see ``appliance/serving/app.py``)::
 
     gRPC server -> dicom (parse, validate, decode) -> preprocess (into a batch slot)
                 -> batcher (fixed B, padding, priorities, deadlines, thermal pacing)

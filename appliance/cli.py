@@ -45,7 +45,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(level)  # before grpc is imported (GRPC_VERBOSITY) and before the config is read
     from appliance.config import load_config
     from appliance.errors import ApplianceError, ConfigError, ManifestError
-    from appliance.preflight import preflight
+    from appliance.serving.preflight import preflight
 
     overrides: dict[str, dict[str, Any]] = {}
     if args.listen:
@@ -65,7 +65,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         configure_logging("debug" if args.verbose else config.logging.level, config.logging.journald)
         log.debug("configuration loaded from %s", args.config or "built-in defaults")
         preflight(config)
-        from appliance.app import serve
+        from appliance.serving.app import serve
 
         return asyncio.run(serve(config))
     except (ConfigError, ManifestError) as e:  # start-up checks and the model's files: one line, before READY=1
@@ -249,7 +249,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from appliance.doctor import run_doctor
+    from appliance.tools.doctor import run_doctor
 
     return run_doctor(args)
 
@@ -257,7 +257,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_synth(args: argparse.Namespace) -> int:
     import pydicom.uid
 
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     syntaxes = {
         "explicit": pydicom.uid.ExplicitVRLittleEndian,
@@ -290,7 +290,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(argv: list[str]) -> int:
-    from appliance.bench import main as bench_main
+    from appliance.tools.bench import main as bench_main
 
     return bench_main(argv)
 
@@ -302,7 +302,7 @@ def _cmd_thermal_sim(argv: list[str]) -> int:
 
 
 def _cmd_chaos(argv: list[str]) -> int:
-    from appliance.chaos import main as chaos_main
+    from appliance.tools.chaos import main as chaos_main
 
     return chaos_main(argv)
 

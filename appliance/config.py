@@ -3,7 +3,7 @@
 Every section and key is optional; defaults are the embedded default (CPU engine, bundled model, no thermal
 sensor when there is no GPU). Unknown keys are errors, so a typo never silently falls back to a default.
 Every numeric key has a range (:data:`RANGES`, documented in ``docs/operations.md``) and every address is
-parsed at load (:mod:`appliance.listen`), so nonsense is refused before anything binds.
+parsed at load (:mod:`appliance.serving.listen`), so nonsense is refused before anything binds.
 See ``systemd/appliance.toml.example`` for a documented file.
 """
 
@@ -81,7 +81,7 @@ class ServerConfig:
     """``[server]``: where and how the gRPC daemon listens."""
 
     # Plaintext addresses: loopback TCP or unix:PATH only (anything else needs [tls] listen). A relative unix
-    # path lives in the runtime directory (appliance.listen.runtime_dir: $RUNTIME_DIRECTORY under systemd).
+    # path lives in the runtime directory (appliance.serving.listen.runtime_dir: $RUNTIME_DIRECTORY under systemd).
     listen: tuple[str, ...] = ("127.0.0.1:50051", "unix:grpc.sock")
     socket_group: str = ""  # group of the unix sockets (mode 0660); "" = our primary group
     max_message_bytes: int = 64 << 20  # largest accepted request (DoS bound); larger -> RESOURCE_EXHAUSTED
@@ -165,7 +165,7 @@ class TlsConfig:
 
 @dataclass(frozen=True)
 class AccessConfig:
-    """``[access]``: who may call what (appliance.access). Unix-socket clients are trusted by file mode."""
+    """``[access]``: who may call what (appliance.serving.access). Unix-socket clients are trusted by file mode."""
 
     analyze_subjects: tuple[str, ...] = ()  # TLS client subjects (CN or full subject) that may Analyze
     status_subjects: tuple[str, ...] = ()  # TLS client subjects that may only read status and health
@@ -312,7 +312,7 @@ def _check_engine_options(cfg: Config) -> None:
 
 
 def _validate(cfg: Config) -> None:
-    from appliance.listen import validate_listeners
+    from appliance.serving.listen import validate_listeners
 
     _check_ranges(cfg)
     _check_engine_options(cfg)

@@ -15,8 +15,8 @@ Format (``format_version = 1``)::
     [input.preprocess]                 # what a pipeline must apply to satisfy the contract
     window_center = -600.0             # modality units (HU)
     window_width = 1500.0
-    resize = "area"                    # appliance.preprocess.resize_area
-    normalize = "window_unit"          # appliance.preprocess.window_to_unit -> [0, 1]
+    resize = "area"                    # appliance.pipeline.preprocess.resize_area
+    normalize = "window_unit"          # appliance.pipeline.preprocess.window_to_unit -> [0, 1]
     photometric = "MONOCHROME2"        # MONOCHROME1 is inverted before the model sees it
 
     [[outputs]]

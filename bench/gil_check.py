@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from appliance import synthetic
 from appliance.dicom import parse
-from appliance.preprocess import load_pipeline
+from appliance.pipeline.loader import load_pipeline
+from appliance.tools import synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,10 +22,11 @@ from PIL import Image
 from pydicom.encaps import generate_frames
 from pydicom.uid import JPEG2000Lossless
 
-from appliance import synthetic
 from appliance.manifest import load_manifest
 from appliance.modelbuild.evaluate import auc, make_session
-from appliance.preprocess import resize_area, window_to_unit
+from appliance.pipeline.kernels import resize_area, window_to_unit
+from appliance.tools import synthetic
+from appliance.tools.synthetic.series import RESCALE_INTERCEPT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> int:
         im.reduce = reduce
         im.load()
         t_red.append((time.thread_time() - t0) * 1000)
-        hu = np.asarray(im, dtype=np.float32) / np.float32(shift) + np.float32(synthetic.RESCALE_INTERCEPT)
+        hu = np.asarray(im, dtype=np.float32) / np.float32(shift) + np.float32(RESCALE_INTERCEPT)
         unit = window_to_unit(hu, center, width)
         xb.append((unit if unit.shape == (size, size) else resize_area(unit, (size, size)))[None])
         labels.append(int(truth.has_nodule))

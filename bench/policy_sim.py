@@ -6,7 +6,7 @@ it runs a batch, each worker while it preprocesses a request); ``workers`` worke
 come first served; the fixed batch costs ``t_engine(B)`` of CPU however many slots are real. Two launch rules:
 
 * ``current``: when the engine is idle, launch what is ready once the oldest ready frame has waited
-  ``max_wait`` (or B are ready) -- the daemon's rule (appliance/policy.py);
+  ``max_wait`` (or B are ready) -- the daemon's rule (appliance/batching/policy.py);
 * ``fill``: when the engine is idle, launch at once if B are ready or nothing else is admitted (a lone request
   never waits); otherwise wait for the frames still being preprocessed, at most ``cap`` past the oldest ready.
 

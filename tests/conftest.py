@@ -137,7 +137,7 @@ class Feeder:
     def __init__(self, batcher, workers: int = 1) -> None:  # noqa: ANN001
         import collections
 
-        from appliance.work import Priority
+        from appliance.batching.work import Priority
 
         self.batcher = batcher
         self._cond = threading.Condition()
@@ -189,7 +189,7 @@ class RunningApp:
     def __init__(self, config, **kwargs) -> None:  # noqa: ANN001
         import asyncio
 
-        from appliance.app import App
+        from appliance.serving.app import App
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

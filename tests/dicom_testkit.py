@@ -14,7 +14,8 @@ import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
 
-from appliance.preprocess import Pipeline, load_pipeline
+from appliance.pipeline.loader import load_pipeline
+from appliance.pipeline.preprocess import Pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 CT_PIPELINE_TOML = REPO / "pipelines" / "ct-nodule.toml"

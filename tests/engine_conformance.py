@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance import synthetic
 from appliance.engines.base import Engine
 from appliance.errors import EngineError
 from appliance.manifest import Manifest
+from appliance.tools import synthetic
 
 
 def reference_batch(manifest: Manifest, seed: int = 11) -> np.ndarray:

@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 
-from appliance import oip
 from appliance.engines.fake import FakeEngine
 from appliance.fakes.analyzer import FakeAnalyzer
 from appliance.manifest import load_manifest
+from appliance.serving import oip
 
 
 class LoopbackOip:

@@ -311,7 +311,7 @@ def ensure_plan(trt: Any, manifest: Manifest, artifact: Artifact, device: Any, *
         device: :class:`~appliance.engines.cuda.DeviceInfo` of the GPU.
         cache_dir: where plans, sidecars and timing caches live.
         settings: builder settings (default :class:`BuildSettings`).
-        notifier: an :class:`~appliance.notify.Notifier` for STATUS/EXTEND_TIMEOUT_USEC while building.
+        notifier: an :class:`~appliance.serving.notify.Notifier` for STATUS/EXTEND_TIMEOUT_USEC while building.
         progress: called with (phase, step, steps) during a build.
         force: rebuild even if a valid plan exists.
 
@@ -381,7 +381,7 @@ def build_engine_main(argv: Sequence[str] | None = None) -> int:
     from appliance.engines.cuda import import_cudart, probe_device
     from appliance.errors import ApplianceError
     from appliance.manifest import load_manifest
-    from appliance.notify import SystemdNotifier
+    from appliance.serving.notify import SystemdNotifier
 
     try:
         trt = import_tensorrt()

@@ -1,17 +1,17 @@
-"""A fake of the request-path seam (the ``Analyzer`` protocol of appliance/analyze.py) for front-end tests.
+"""A fake of the request-path seam (the ``Analyzer`` protocol of appliance/serving/analyze.py) for front-end tests.
 
 Front ends (the Open Inference Protocol servicer, interop tests) need something that behaves like the real
 request path without worker processes or a thermal governor. This fake is faithful where front ends can see
 it: it runs a real :class:`~appliance.engines.base.Engine` (the fake engine, or ONNX Runtime) in fixed
 batches of B with zero padding on one engine thread, orders waiting rows INTERACTIVE first, bounds its queue
 (``Overloaded`` when full), honours ``time_remaining`` (``DeadlineExceeded``), raises the same error classes
-as the real path, and reports batches to a :class:`~appliance.batcher.BatchObserver`. ``analyze`` decodes a
+as the real path, and reports batches to a :class:`~appliance.batching.batcher.BatchObserver`. ``analyze`` decodes a
 DICOM Part-10 file with pydicom (modality LUT, window, area resize) instead of the worker pool.
 
 It records every call (``calls``) so tests can check what a front end passed on: priority, time left,
 request id. ``fail_next`` makes the next call raise a given error; ``live``/``ready`` are plain flags.
 
-It returns the contract's own ``ModelInfo``, ``FrameAnalysis`` and ``Analysis`` from :mod:`appliance.analyze`.
+It returns the contract's own ``ModelInfo``, ``FrameAnalysis`` and ``Analysis`` from :mod:`appliance.serving.analyze`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from appliance.analyze import Analysis, FrameAnalysis, ModelInfo
-from appliance.batcher import BatchObserver
+from appliance.batching.batcher import BatchObserver
+from appliance.batching.work import Priority
 from appliance.engines.base import Engine
 from appliance.errors import (
     ApplianceError,
@@ -38,7 +38,7 @@ from appliance.errors import (
     Overloaded,
     Unavailable,
 )
-from appliance.work import Priority
+from appliance.serving.analyze import Analysis, FrameAnalysis, ModelInfo
 
 __all__ = ["Analysis", "FakeAnalyzer", "FakeCall", "FrameAnalysis", "ModelInfo"]
 

@@ -1,7 +1,7 @@
 """Pre-generated slice pools: model inputs, labels and per-patch targets, computed once per seed.
 
 Generating a slice costs more than a training step on it, so training draws from a pool generated up front.
-Every input goes through :func:`appliance.synthetic.model_input`, i.e. the serving pipeline's own kernels.
+Every input goes through :func:`appliance.tools.synthetic.model_input`, i.e. the serving pipeline's own kernels.
 
 Slice ``i`` of the pool for ``seed`` is ``generate_slice(np.random.default_rng([seed, i]))``: a pool is a pure
 function of (seed, n, params), and pools of different seeds share no slice.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from appliance import synthetic
+from appliance.tools import synthetic
 
 __all__ = ["InputParams", "Pool", "cells_hit", "curriculum_weights", "generate_pool"]
 
@@ -39,7 +39,7 @@ class InputParams:
         return self.size // self.stride
 
     def as_mapping(self) -> dict[str, object]:
-        """The mapping :func:`appliance.synthetic.model_input` takes."""
+        """The mapping :func:`appliance.tools.synthetic.model_input` takes."""
         return {"window_center": self.window_center, "window_width": self.window_width,
                 "size": (self.size, self.size)}
 

@@ -219,7 +219,7 @@ def health_action(snapshot: ThermalStatus) -> tuple[HealthAction, str]:
     STOPPED                           STOP            NOT_SERVING, restart / NOT_SERVING
     ================================  ==============  ================================================
 
-    The health module (``appliance/health.py``) owns the transitions; the thermal loop only asks this.
+    The health module (``appliance/serving/health.py``) owns the transitions; the thermal loop only asks this.
     """
     gs = snapshot.governor_state
     reason = f"thermal {gs.name.lower()}: {snapshot.reason}"

@@ -38,7 +38,8 @@ from PIL import Image
 from appliance import dicom
 from appliance.errors import ApplianceError, DicomError, Overloaded
 from appliance.logs import configure_logging
-from appliance.preprocess import Pipeline, load_pipelines
+from appliance.pipeline.loader import load_pipelines
+from appliance.pipeline.preprocess import Pipeline
 from appliance.workers.arena import SlotArena
 
 __all__ = ["FAULT_ROOT", "FAULTS", "WorkerSpec", "decode_error", "encode_error", "worker_main"]

@@ -1,7 +1,7 @@
 """Supervised preprocessing worker processes: one supervisor thread per worker, in the daemon.
 
 A :class:`Job` is one request's trip through a worker: parse + validate (the worker keeps the parsed instance),
-admission (slots reserved by the daemon, see :mod:`appliance.analyze`), then one round trip per frame: "decode
+admission (slots reserved by the daemon, see :mod:`appliance.serving.analyze`), then one round trip per frame: "decode
 frame i into slot s" -> frame info. The supervisor thread drives that conversation with a time budget on every
 step. A worker that dies (segfault, abort, OOM kill), runs past its budget, or stops answering is killed and
 replaced; the item it held gets a clear error and nothing else is affected. Restarts are counted.
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import WorkersConfig
 from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
-from appliance.work import Priority, Request, WorkItem
 from appliance.workers.child import WorkerSpec, decode_error, worker_main
 
 __all__ = ["Job", "PoolStats", "WorkerPool"]
@@ -82,7 +82,7 @@ class WorkerPool:
         config: WorkersConfig,
         *,
         workers: int,
-        batcher: Any,  # appliance.batcher.Batcher: frame_ready / frame_failed / begin_frame
+        batcher: Any,  # appliance.batching.batcher.Batcher: frame_ready / frame_failed / begin_frame
         clock: Clock | None = None,
         on_restart: Callable[[str], None] | None = None,
         stage_lock: threading.Lock | None = None,  # sequential mode: held while a frame is decoded

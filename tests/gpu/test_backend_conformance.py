@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import synthetic
 from appliance.engines import BACKENDS, _load_class
 from appliance.engines.onnxruntime import OrtCpuEngine
 from appliance.manifest import Manifest, load_manifest
+from appliance.tools import synthetic
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 GPU = pytest.mark.gpu

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from appliance.config import load_config
-from appliance.doctor_gpu import check_gpu
 from appliance.engines import fake_cudart, fake_tensorrt
 from appliance.fakes.fake_pynvml import FakePynvml
 from appliance.manifest import load_manifest
+from appliance.tools.doctor_gpu import check_gpu
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 

@@ -187,7 +187,7 @@ def test_provider_option_names_exist_in_the_real_provider_libraries(tmp_path) ->
 
 def test_daemon_with_auto_serves_on_the_cpu_here_and_logs_why_not_the_gpu(tmp_path) -> None:
     """The issue's trap: with [gpu] and no GPU, `serve` used to refuse ("fallback to CPU EP ... disabled")."""
-    from appliance.bench import _Daemon
+    from appliance.tools.bench import _Daemon
 
     if OrtCudaEngine.why_unavailable() is None:
         pytest.skip("CUDA works here")

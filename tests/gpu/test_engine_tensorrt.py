@@ -20,7 +20,7 @@ from appliance.engines.tensorrt import TensorrtEngine
 from appliance.engines.trt_build import EXTEND_EVERY_S, ensure_plan
 from appliance.errors import BackendUnavailable, EngineError
 from appliance.manifest import Manifest, load_manifest
-from appliance.notify import RecordingNotifier
+from appliance.serving.notify import RecordingNotifier
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
 

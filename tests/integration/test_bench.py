@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.bench import main as bench_main
-from appliance.notify import RecordingNotifier
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools.bench import main as bench_main
 from tests.conftest import REPO, RunningApp, fake_config
 
 KEYS = {"throughput_per_s", "latency_ms", "stages_ms", "batch_fill", "errors"}

@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from appliance import synthetic
-from appliance.notify import FakeNotifySocket
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import FakeNotifySocket
+from appliance.tools import synthetic
 from tests.conftest import REPO, write_fake_model
 
 
@@ -133,7 +133,7 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(tmp_path: Path) ->
     import concurrent.futures
     import threading
 
-    from appliance.chaos import fault_case
+    from appliance.tools.chaos import fault_case
 
     port = _port()
     cfg = _config(tmp_path, port, engine_options="latency_s = 0.05")

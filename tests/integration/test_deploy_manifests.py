@@ -16,7 +16,7 @@ import yaml
 
 from appliance.cli import _parser
 from appliance.config import load_config
-from appliance.health import INFERENCE_SERVICE
+from appliance.serving.health import INFERENCE_SERVICE
 from tests.conftest import REPO
 
 DEPLOY = REPO / "deploy"

@@ -18,16 +18,16 @@ import grpc
 import numpy as np
 import pytest
 
-from appliance import synthetic
 from appliance.engines import AUTO_ORDER, BACKENDS, resolve
 from appliance.engines.fake import FakeEngine
 from appliance.engines.onnxruntime import OrtCpuEngine
 from appliance.engines.triton import TritonEngine
 from appliance.errors import BackendUnavailable, EngineDeadError, EngineError
 from appliance.manifest import Manifest, load_manifest
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import synthetic
 from tests.conftest import REPO, RunningApp, fake_config
 from tests.engine_conformance import assert_conforms, reference_batch
 from tests.interop import venvs

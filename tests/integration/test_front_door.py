@@ -12,11 +12,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from appliance import synthetic
-from appliance.chaos import ANY_PIPELINE, bad_cases, fault_case
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import synthetic
+from appliance.tools.chaos import ANY_PIPELINE, bad_cases, fault_case
 from tests.conftest import REPO, RunningApp, fake_config, write_fake_model
 
 CASES = bad_cases(seed=0)

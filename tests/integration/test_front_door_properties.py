@@ -9,10 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.chaos import valid_files
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools.chaos import valid_files
 from tests.conftest import RunningApp, fake_config, write_fake_model
 
 VALID = valid_files(size=64, seed=3)

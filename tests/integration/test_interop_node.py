@@ -17,7 +17,7 @@ import grpc
 import pydicom
 import pytest
 
-from appliance import synthetic
+from appliance.tools import synthetic
 from tests.conftest import REPO
 from tests.interop.daemon import appliance_serve
 

@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
-from appliance import synthetic
+from appliance.batching.work import Priority
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.work import Priority
+from appliance.tools import synthetic
 from tests.interop import venvs
 from tests.interop.daemon import appliance_serve
 from tests.oip_support import LoopbackOip

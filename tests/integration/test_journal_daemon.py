@@ -14,11 +14,11 @@ import time
 import grpc
 import pytest
 
-from appliance import synthetic
 from appliance.logs import FakeJournal
-from appliance.notify import FakeNotifySocket
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import FakeNotifySocket
+from appliance.tools import synthetic
 from tests.conftest import REPO, write_fake_model
 
 
@@ -91,7 +91,8 @@ def test_daemon_logs_to_journald_with_fields(journaled) -> None:
     listening = [e for e in entries if e["MESSAGE"].startswith("listening on")]
     assert len(listening) == 1
     e = listening[0]
-    assert e["PRIORITY"] == "6" and e["SYSLOG_IDENTIFIER"] == "edge-appliance" and e["LOGGER"] == "appliance.app"
+    assert e["PRIORITY"] == "6" and e["SYSLOG_IDENTIFIER"] == "edge-appliance" \
+        and e["LOGGER"] == "appliance.serving.app"
     assert e["CODE_FILE"].endswith("app.py") and int(e["CODE_LINE"]) > 0
     assert any(x["MESSAGE"] == "stopped" for x in entries)
 

@@ -9,12 +9,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from appliance import synthetic
-from appliance.health import ServiceState
-from appliance.liveness import Stage, StageProgress, stalled
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.health import ServiceState
+from appliance.serving.liveness import Stage, StageProgress, stalled
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import synthetic
 from tests.conftest import RunningApp, fake_config, write_fake_model
 
 

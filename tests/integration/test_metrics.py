@@ -14,13 +14,13 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance import synthetic
 from appliance.config import MetricsConfig
 from appliance.errors import ConfigError
-from appliance.metrics import LATENCY_BUCKETS, Metrics, parse_listen
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.metrics import LATENCY_BUCKETS, Metrics, parse_listen
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import synthetic
 from tests.conftest import RunningApp, fake_config
 
 #: every family the dashboard and docs/monitoring.md rely on, with its Prometheus type
@@ -124,7 +124,7 @@ def test_daemon_serves_every_series(models_dir: Path) -> None:
 
 
 def _start_fails(config) -> ConfigError:  # noqa: ANN001
-    from appliance.app import App
+    from appliance.serving.app import App
 
     gate = threading.Event()  # never set: the engine would load forever, so failing proves it failed first
     app = App(config, notifier=RecordingNotifier(), engine_options={"load_gate": gate})

@@ -10,12 +10,12 @@ import numpy as np
 import pydicom
 import pytest
 
-from appliance import synthetic
+from appliance.batching.work import Priority
 from appliance.errors import Overloaded, Unavailable
-from appliance.oip import deserialize_bytes, serialize_bytes
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.work import Priority
+from appliance.serving.oip import deserialize_bytes, serialize_bytes
+from appliance.tools import synthetic
 from tests.oip_support import LoopbackOip
 
 PRE = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}

@@ -26,10 +26,10 @@ import pytest
 from google.protobuf.json_format import MessageToJson
 from pydicom.dataset import Dataset
 
-from appliance import synthetic
-from appliance.notify import FakeNotifySocket
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import FakeNotifySocket
+from appliance.tools import synthetic
 from tests.conftest import REPO, write_fake_model
 
 PHI = {

@@ -7,11 +7,11 @@ import grpc
 import numpy as np
 import pytest
 
-from appliance import synthetic
 from appliance.config import load_config
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import synthetic
 from tests.conftest import RunningApp
 
 pytest.importorskip("onnxruntime")

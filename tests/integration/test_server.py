@@ -14,11 +14,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from appliance import synthetic
 from appliance.cli import main as cli_main
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import synthetic
 from tests.conftest import RunningApp, fake_config
 
 
@@ -279,7 +279,7 @@ def test_drain_finishes_inflight_and_refuses_new(models_dir, slice_bytes) -> Non
 def test_not_serving_until_warm(models_dir, slice_bytes) -> None:
     import asyncio
 
-    from appliance.app import App
+    from appliance.serving.app import App
 
     gate = threading.Event()
     notifier = RecordingNotifier()

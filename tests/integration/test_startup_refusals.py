@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.notify import FakeNotifySocket
+from appliance.serving.notify import FakeNotifySocket
 from tests.conftest import REPO, write_fake_model
 
 EX_CONFIG = 78

@@ -12,16 +12,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from appliance import synthetic
 from appliance.cli import main as cli_main
 from appliance.clock import RealClock
 from appliance.governor import Governor, ThermalConfig
-from appliance.notify import RecordingNotifier
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.notify import RecordingNotifier
 from appliance.thermal.control import ThermalController
 from appliance.thermal.fake_pynvml import FakePynvml
 from appliance.thermal.nvml import NvmlThermometer
+from appliance.tools import synthetic
 from tests.conftest import RunningApp, fake_config
 
 

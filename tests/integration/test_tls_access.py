@@ -12,10 +12,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from appliance import synthetic
 from appliance.errors import ConfigError
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.tools import synthetic
 from tests.conftest import RunningApp, fake_config
 from tests.tls_testkit import Issued, issue, make_ca
 
@@ -237,7 +237,7 @@ def test_client_certificate_not_required_means_plain_tls(models_dir, pki, tmp_pa
 
 
 def test_socket_directory_rules(tmp_path: Path) -> None:
-    from appliance.listen import Address, prepare_socket_dir, runtime_dir, socket_path
+    from appliance.serving.listen import Address, prepare_socket_dir, runtime_dir, socket_path
 
     real = tmp_path / "real"
     real.mkdir(mode=0o750)
@@ -259,7 +259,7 @@ def test_socket_directory_rules(tmp_path: Path) -> None:
 
 
 def test_a_regular_file_where_the_socket_goes_is_refused(models_dir, tmp_path: Path) -> None:
-    from appliance.app import App
+    from appliance.serving.app import App
 
     run = tmp_path / "run"
     run.mkdir(mode=0o750)

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from appliance.batcher import Batcher, BatcherConfig, Pacer
+from appliance.batching.batcher import Batcher, BatcherConfig, Pacer
+from appliance.batching.work import ItemState, Priority, Request
 from appliance.clock import ManualClock
 from appliance.engines.fake import FakeEngine
 from appliance.errors import EngineDeadError, EngineError, LimitExceeded, Overloaded, Unavailable
-from appliance.work import ItemState, Priority, Request
 from tests.conftest import Feeder, StubInstance, StubPipeline
 
 _FEEDERS: dict[int, Feeder] = {}
@@ -320,7 +320,7 @@ def test_dead_engine_answers_frames_still_in_preprocessing(fake_manifest, stop_l
 
 
 def test_unexpected_engine_thread_failure_is_fatal_and_answers_everyone(fake_manifest, stop_list):
-    from appliance.batcher import BatchObserver
+    from appliance.batching.batcher import BatchObserver
 
     class Exploding(BatchObserver):
         def on_batch(self, real, size, engine_s):

@@ -19,11 +19,11 @@ import grpc
 import numpy as np
 import pytest
 
-from appliance import benchcost as bc
-from appliance import loadgen, synthetic
-from appliance.bench import main as bench_main
-from appliance.kserve_v2 import KServeV2, encode_bytes_tensor
-from appliance.notify import RecordingNotifier
+from appliance.serving.kserve_v2 import KServeV2, encode_bytes_tensor
+from appliance.serving.notify import RecordingNotifier
+from appliance.tools import benchcost as bc
+from appliance.tools import loadgen, synthetic
+from appliance.tools.bench import main as bench_main
 from tests.conftest import RunningApp, fake_config
 
 
@@ -217,7 +217,7 @@ def test_synth_writes_the_bench_workload(tmp_path: Path) -> None:
 
 
 def test_triton_batch_stats_from_counter_deltas() -> None:
-    from appliance.benchpeer import batch_stats
+    from appliance.tools.benchpeer import batch_stats
 
     before = {"nv_inference_count": 10.0, "nv_inference_exec_count": 5.0, "nv_inference_queue_duration_us": 1000.0,
               "nv_inference_compute_infer_duration_us": 0.0}

@@ -25,8 +25,8 @@ from pydicom.uid import (
     RLELossless,
 )
 
-from appliance import dicom
 from appliance.dicom import DECODER_PLUGINS, NATIVE, DicomLimits, decoder_report, parse
+from appliance.dicom.syntaxes import plugin_status
 from appliance.errors import DicomError, InputError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
 
 
@@ -242,7 +242,7 @@ def test_decode_is_explicit_per_syntax_and_never_auto():
 
 
 def test_missing_plugin_is_reported_in_pydicoms_words():
-    entry = dicom._plugin_status(JPEGLSLossless, "gdcm")  # gdcm is deliberately not installed
+    entry = plugin_status(JPEGLSLossless, "gdcm")  # gdcm is deliberately not installed
     assert entry["available"] is False
     assert entry["missing"].startswith("gdcm - requires")
 

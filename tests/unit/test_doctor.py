@@ -31,7 +31,7 @@ def test_doctor_thermal_sim_commissions_the_simulated_plant(capsys) -> None:
 
 
 def test_doctor_gpu_says_plainly_there_is_no_gpu(capsys) -> None:
-    from appliance.doctor_gpu import EXIT_NO_GPU
+    from appliance.tools.doctor_gpu import EXIT_NO_GPU
 
     rc = cli_main(["doctor", "--gpu", "--json"])
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}

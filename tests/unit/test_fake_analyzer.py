@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance import synthetic
+from appliance.batching.work import Priority
 from appliance.engines.fake import FakeEngine
 from appliance.errors import DeadlineExceeded, DicomError, Overloaded, Unavailable
 from appliance.fakes.analyzer import FakeAnalyzer
 from appliance.manifest import load_manifest
-from appliance.metrics import Metrics
-from appliance.work import Priority
+from appliance.serving.metrics import Metrics
+from appliance.tools import synthetic
 
 
 def analyzer(models_dir: Path, **options) -> FakeAnalyzer:  # noqa: ANN003

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from appliance.metrics import Metrics
+from appliance.serving.metrics import Metrics
 from tests.conftest import REPO
 
 DASHBOARD = REPO / "docs" / "grafana" / "edge-appliance.json"

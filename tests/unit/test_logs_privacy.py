@@ -100,7 +100,7 @@ def _record(name: str, level: int, msg: str, *args: object, exc: bool = False) -
 
 def test_third_party_filter() -> None:
     f = ThirdPartyFilter()
-    ours = _record("appliance.server", logging.DEBUG, "kept %s", "as is")
+    ours = _record("appliance.serving.server", logging.DEBUG, "kept %s", "as is")
     assert f.filter(ours) and ours.getMessage() == "kept as is"
     assert not f.filter(_record("grpc._cython", logging.INFO, "chatter"))
     pyd = _record("pydicom", logging.WARNING, "Invalid value for VR DA: '%s'", "19991399")
@@ -146,13 +146,13 @@ def test_journald_native_protocol_with_structured_fields(tmp_path: Path, restore
         journal.bind(path)
         journal.settimeout(5)
         configure_logging("debug", "auto", journal_socket=path, env={"JOURNAL_STREAM": "8:1234"})
-        log = logging.getLogger("appliance.analyze")
+        log = logging.getLogger("appliance.serving.analyze")
         log.info("Analyze done", extra={"request_id": "r-7", "code": "OK", "ms": 12.345})
         log.warning("two\nlines")
         first, second = _parse_journal(journal.recv(65536)), _parse_journal(journal.recv(65536))
     assert first["MESSAGE"] == "Analyze done" and first["PRIORITY"] == "6"
     assert (first["REQUEST_ID"], first["CODE"], first["MS"]) == ("r-7", "OK", "12.3")
-    assert first["SYSLOG_IDENTIFIER"] == "edge-appliance" and first["LOGGER"] == "appliance.analyze"
+    assert first["SYSLOG_IDENTIFIER"] == "edge-appliance" and first["LOGGER"] == "appliance.serving.analyze"
     assert first["CODE_FILE"].endswith("test_logs_privacy.py") and int(first["CODE_LINE"]) > 0
     assert second["MESSAGE"] == "two\nlines" and second["PRIORITY"] == "4"  # binary-safe field encoding
     assert "REQUEST_ID" not in second

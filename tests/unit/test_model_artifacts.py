@@ -125,7 +125,7 @@ def test_small_eval_runs_and_is_sane() -> None:
 
 def test_runtime_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, appliance.synthetic, appliance.modelbuild.cli, appliance.modelbuild.evaluate, "
+        "import sys, appliance.tools.synthetic, appliance.modelbuild.cli, appliance.modelbuild.evaluate, "
         "appliance.modelbuild.quantize, appliance.modelbuild.data; print('torch' in sys.modules)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

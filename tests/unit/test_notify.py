@@ -1,4 +1,4 @@
-"""Tests for appliance.notify: sd_notify against a real (fake) notify socket, the watchdog policy, the fakes."""
+"""Tests for appliance.serving.notify: sd_notify against a real (fake) notify socket, the watchdog policy, the fakes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.notify import (
+from appliance.serving.notify import (
     FakeNotifySocket,
     Notifier,
     NullNotifier,
@@ -69,7 +69,7 @@ def test_sd_notify_without_socket_is_a_noop() -> None:
 
 def test_sd_notify_send_failure_returns_false_and_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = {"NOTIFY_SOCKET": f"{tmp_path}/missing.sock"}
-    with caplog.at_level(logging.WARNING, logger="appliance.notify"):
+    with caplog.at_level(logging.WARNING, logger="appliance.serving.notify"):
         assert sd_notify("READY=1", env=env) is False
         assert sd_notify("WATCHDOG=1", env=env) is False
     assert len(caplog.records) == 1
@@ -77,7 +77,7 @@ def test_sd_notify_send_failure_returns_false_and_warns_once(tmp_path: Path, cap
 
 
 def test_sd_notify_unsupported_address_returns_false(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="appliance.notify"):
+    with caplog.at_level(logging.WARNING, logger="appliance.serving.notify"):
         assert sd_notify("READY=1", env={"NOTIFY_SOCKET": "vsock:2:1234"}) is False
     assert "unsupported" in caplog.text
 
@@ -161,7 +161,7 @@ def test_watchdog_pings_only_while_heartbeat_is_fresh(caplog: pytest.LogCaptureF
     assert watchdog.tick()
     assert notifier.messages == ["WATCHDOG=1", "WATCHDOG=1"]
 
-    with caplog.at_level(logging.WARNING, logger="appliance.notify"):
+    with caplog.at_level(logging.WARNING, logger="appliance.serving.notify"):
         for _ in range(4):  # engine hung: 4 ticks over 30 s, one warning (rate-limited)
             clock.now += 7.5
             assert not watchdog.tick()
@@ -170,7 +170,7 @@ def test_watchdog_pings_only_while_heartbeat_is_fresh(caplog: pytest.LogCaptureF
     assert "withholding WATCHDOG=1" in caplog.records[0].getMessage()
 
     clock.now += 60.0
-    with caplog.at_level(logging.WARNING, logger="appliance.notify"):
+    with caplog.at_level(logging.WARNING, logger="appliance.serving.notify"):
         assert not watchdog.tick()
     assert len(caplog.records) == 2  # rate limit elapsed
 
@@ -211,7 +211,7 @@ def test_fake_socket_ignores_empty_lines() -> None:
 
 _CHILD = """
 import os
-from appliance.notify import sd_notify
+from appliance.serving.notify import sd_notify
 assert sd_notify("READY=1")
 print(os.getpid())
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from appliance.policy import Decision, choose
+from appliance.batching.policy import Decision, choose
 
 INTERACTIVE, BATCH = 0, 1
 

@@ -1,4 +1,4 @@
-"""appliance.preprocess: a reference table per step, the model contract, config errors, synthetic CT."""
+"""appliance.pipeline.preprocess: a reference table per step, the model contract, config errors, synthetic CT."""
 
 from __future__ import annotations
 
@@ -25,14 +25,9 @@ from pydicom.uid import JPEGLSNearLossless
 
 from appliance.dicom import parse
 from appliance.errors import ConfigError, NotApplicable
-from appliance.preprocess import (
-    STEPS,
-    _resize_area_into,
-    load_pipeline,
-    load_pipelines,
-    resize_area,
-    window_to_unit,
-)
+from appliance.pipeline.kernels import resize_area, resize_area_into, window_to_unit
+from appliance.pipeline.loader import load_pipeline, load_pipelines
+from appliance.pipeline.steps import STEPS
 
 
 def _steps_toml(steps: list[tuple[str, dict[str, Any]]]) -> str:
@@ -185,7 +180,7 @@ def test_monochrome1_cr_comes_out_inverted(tmp_path):
 def test_resize_into_slot_is_bit_identical_to_resize_area(src, dst):
     image = np.random.default_rng(0).random(src, dtype=np.float32)
     out = np.empty(dst, np.float32)
-    _resize_area_into(image, out)
+    resize_area_into(image, out)
     np.testing.assert_array_equal(out, resize_area(image, dst))
 
 
@@ -316,9 +311,9 @@ def test_repository_pipelines_load_against_the_real_models_when_present():
 
 
 # ------------------------------------------------------------------------------------------------------
-# appliance.synthetic: every transfer syntax it writes decodes and matches its model_input
+# appliance.tools.synthetic: every transfer syntax it writes decodes and matches its model_input
 
-from appliance import synthetic  # noqa: E402 - a broken import must fail, not skip
+from appliance.tools import synthetic  # noqa: E402 - a broken import must fail, not skip
 
 
 def test_synthetic_every_transfer_syntax_matches_model_input(tmp_path):

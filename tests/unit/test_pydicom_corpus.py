@@ -17,7 +17,7 @@ from dicom_testkit import any_grey_pipeline, ct_pipeline
 
 from appliance.dicom import parse
 from appliance.errors import DicomError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
-from appliance.preprocess import Pipeline
+from appliance.pipeline.preprocess import Pipeline
 
 TEST_FILES = pathlib.Path(pydicom.data.__file__).parent / "test_files"
 FILES = sorted(p for p in TEST_FILES.rglob("*") if p.is_file())

@@ -1,6 +1,6 @@
 """Print the sha256 of the model inputs the appliance's pipeline computes for the DICOM files in a directory.
 
-The bench runs it under the peer's interpreter and compares with its own digest (``appliance.benchcost
+The bench runs it under the peer's interpreter and compares with its own digest (``appliance.tools.benchcost
 .inputs_digest``): equal digests mean both servers feed the model bit-identical inputs.
 Usage: PYTHONPATH=<checkout> python check_inputs.py DIR
 """
@@ -8,8 +8,8 @@ Usage: PYTHONPATH=<checkout> python check_inputs.py DIR
 import sys
 from pathlib import Path
 
-from appliance.benchcost import inputs_digest
-from appliance.preprocess import load_pipeline
+from appliance.pipeline.loader import load_pipeline
+from appliance.tools.benchcost import inputs_digest
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     from pytriton.triton import Triton, TritonConfig
 
     from appliance.manifest import load_manifest
-    from appliance.preprocess import load_pipeline
+    from appliance.pipeline.loader import load_pipeline
 
     pipeline = load_pipeline(args.pipeline, args.models_dir)
     manifest = load_manifest(args.models_dir / pipeline.model / "model.toml")

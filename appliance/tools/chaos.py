@@ -34,7 +34,7 @@ import pydicom
 from pydicom import uid as _uid
 from pydicom.filereader import _read_file_meta_info, read_preamble
 
-from appliance import synthetic
+from appliance.tools import synthetic
 from appliance.workers.child import FAULT_ROOT, FAULTS
 
 __all__ = ["ANY_PIPELINE", "Case", "bad_cases", "fault_case", "main", "valid_files"]
@@ -336,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the report here too")
     ap.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
     args = ap.parse_args(argv)
-    from appliance.bench import _free_port
+    from appliance.tools.bench import _free_port
 
     port = args.port or _free_port()
-    home = Path(__file__).resolve().parent.parent
+    home = Path(__file__).resolve().parents[2]
     with tempfile.TemporaryDirectory() as tmp:
         pipes = Path(tmp) / "pipelines"
         pipes.mkdir()

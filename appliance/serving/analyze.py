@@ -22,7 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from appliance.batcher import Batcher
+from appliance.batching.batcher import Batcher
+from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock
 from appliance.errors import (
     ApplianceError,
@@ -32,8 +33,7 @@ from appliance.errors import (
     Unavailable,
     UnknownPipeline,
 )
-from appliance.postprocess import Postprocessor
-from appliance.work import Priority, Request, WorkItem
+from appliance.pipeline.postprocess import Postprocessor
 from appliance.workers.pool import Job, WorkerPool
 
 __all__ = ["Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits", "RequestPath"]

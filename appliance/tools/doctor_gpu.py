@@ -32,7 +32,7 @@ _DISTS = ("edge-appliance", "onnxruntime", "onnxruntime-gpu", "cuda-bindings", "
 
 
 def _check(name: str, ok: bool, detail: str, data: dict[str, Any] | None = None) -> Any:
-    from appliance.doctor import Check
+    from appliance.tools.doctor import Check
 
     return Check(name, ok, detail, data)
 
@@ -50,7 +50,7 @@ def _environment() -> Any:
 
 
 def _slices(manifest: Any, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     truths = [synthetic.generate_slice(seed + i, nodule=bool(i % 2), size=512) for i in range(n)]
     x = np.stack([synthetic.model_input(t, manifest) for t in truths]).astype(np.float32)
@@ -123,8 +123,8 @@ def _end_to_end(nvml: Any, backend: str = "tensorrt", requests: int = 200) -> An
     import tempfile
     from pathlib import Path
 
-    from appliance import synthetic
-    from appliance.bench import _Daemon, run_load
+    from appliance.tools import synthetic
+    from appliance.tools.bench import _Daemon, run_load
 
     temps: list[float] = []
     stop = threading.Event()

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from appliance import __version__
-from appliance.batcher import BatchObserver
+from appliance.batching.batcher import BatchObserver
+from appliance.batching.work import ItemState, WorkItem
 from appliance.errors import ConfigError
 from appliance.governor import GovernorState
-from appliance.work import ItemState, WorkItem
 
 __all__ = ["LATENCY_BUCKETS", "Metrics", "PercentileSummary", "SlidingWindow", "parse_listen"]
 

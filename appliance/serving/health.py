@@ -23,7 +23,7 @@ import logging
 from grpc_health.v1 import health_pb2
 from grpc_health.v1.health import aio as health_aio
 
-from appliance.notify import Notifier
+from appliance.serving.notify import Notifier
 from appliance.thermal.control import HealthAction
 
 __all__ = ["INFERENCE_SERVICE", "THERMAL_SERVICE", "HealthState", "ServiceState"]

@@ -4,7 +4,7 @@ Default checks (CPU is enough): Python, the onnxruntime installation (never onnx
 together), engine backends and DICOM decoders (each with the reason it is unusable), the model manifest and
 the sha256 of every artifact, one real batch through the CPU engine on synthetic slices, and the thermometer.
 
-``--gpu``: the RTX self-test in :mod:`appliance.doctor_gpu` (driver, NVML, GPU, TensorRT; the TensorRT plan
+``--gpu``: the RTX self-test in :mod:`appliance.tools.doctor_gpu` (driver, NVML, GPU, TensorRT; the TensorRT plan
 built or loaded and compared with the CPU; W4A16 vs FP16 latency and AUC; end-to-end p50/p99 through the
 daemon with the GPU temperature). See docs/gpu.md.
 
@@ -92,7 +92,7 @@ def check_backends() -> list[Check]:
 
 
 def _synthetic_batch(manifest: Any) -> tuple[np.ndarray, np.ndarray]:
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     b = manifest.input.batch_size
     truths = [synthetic.generate_slice(1000 + i, nodule=bool(i % 2), size=512) for i in range(b)]
@@ -164,7 +164,7 @@ class _EngineLoad:
     """``load(duty)`` for commissioning: runs real batches on a thread, paced to the duty."""
 
     def __init__(self, engine: Any, batch: np.ndarray) -> None:
-        from appliance.batcher import Pacer
+        from appliance.batching.batcher import Pacer
         from appliance.clock import RealClock
 
         self.engine, self.batch = engine, batch
@@ -234,7 +234,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     checks.append(check_thermometer())
     no_gpu = False
     if args.gpu:
-        from appliance.doctor_gpu import check_gpu
+        from appliance.tools.doctor_gpu import check_gpu
 
         gpu_checks, no_gpu = check_gpu(config, manifest, e2e=not getattr(args, "no_e2e", False))
         checks += gpu_checks
@@ -248,7 +248,7 @@ def run_doctor(args: argparse.Namespace) -> int:
                 f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail if len(c.detail) < 300 else c.detail[:300] + '...'}"
             )
     if no_gpu:
-        from appliance.doctor_gpu import EXIT_NO_GPU
+        from appliance.tools.doctor_gpu import EXIT_NO_GPU
 
         if not args.json:
             print("doctor --gpu: this machine has no usable NVIDIA GPU (see the 'gpu' line); "

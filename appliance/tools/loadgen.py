@@ -20,9 +20,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from appliance.kserve_v2 import KServeV2
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.kserve_v2 import KServeV2
 
 __all__ = [
     "CHANNEL_OPTIONS",

@@ -3,7 +3,7 @@
 By default it starts the daemon it needs on loopback (a subprocess, ``appliance serve``), drives it, stops it,
 then does the same with overlap switched off (``--no-overlap``: preprocessing on the engine thread) to measure
 ``sequential_throughput_per_s`` on the same configuration. With ``--target`` it drives a running daemon and
-skips the comparison. The workload is real DICOM from :mod:`appliance.synthetic` in a named transfer-syntax mix.
+skips the comparison. The workload is real DICOM from :mod:`appliance.tools.synthetic` in a named transfer-syntax mix.
 
 Report fields: ``throughput_per_s``, ``latency_ms`` {p50, p90, p99, max}, ``stages_ms``
 {preprocess_per_item, engine_per_batch} (server-side medians from GetStatus), ``batch_fill``, ``errors``
@@ -55,7 +55,7 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 __all__ = ["main", "run_load"]
 
 SCHEMA_VERSION = 1
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -96,7 +96,7 @@ async def run_load(
     timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Drive ``target`` with ``concurrency`` closed-loop clients; return throughput, latencies and errors."""
-    from appliance.loadgen import CHANNEL_OPTIONS, appliance_sender, closed_loop
+    from appliance.tools.loadgen import CHANNEL_OPTIONS, appliance_sender, closed_loop
 
     async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
         send = appliance_sender(channel, files, pipeline, timeout_s=timeout_s)
@@ -232,7 +232,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     parser = argparse.ArgumentParser(prog="appliance bench", description=__doc__.splitlines()[0])
     parser.add_argument("--target", help="drive a running daemon at ADDR (skips the sequential comparison)")
@@ -286,7 +286,7 @@ def _apply_standard(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the report and write it with ``--json FILE``."""
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     args = _parser().parse_args(argv)
     if args.standard:
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         seq = sequential["throughput_per_s"]
         report["speedup_vs_sequential"] = round(report["throughput_per_s"] / seq, 3) if seq else None
     else:
-        from appliance.benchrun import run_extended
+        from appliance.tools.benchrun import run_extended
 
         with tempfile.TemporaryDirectory(prefix="appliance-bench-") as tmp:
             logdir = args.logs or Path(tmp)

@@ -23,24 +23,25 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from appliance import __version__, access, dicom, listen, oip, privacy
-from appliance.analyze import ModelInfo, PathLimits, RequestPath
-from appliance.batcher import Batcher, Pacer, QueueStats
+from appliance import __version__, dicom, privacy
+from appliance.batching.batcher import Batcher, Pacer, QueueStats
 from appliance.clock import Clock, RealClock
 from appliance.config import Config, ThermalSection
 from appliance.engines import resolve
 from appliance.errors import ConfigError, Unavailable
 from appliance.governor import Governor, ThermalConfig
-from appliance.health import HealthState, ServiceState
-from appliance.liveness import Stage, StageProgress, stalled
 from appliance.manifest import load_manifest
-from appliance.metrics import Metrics
-from appliance.notify import Notifier, SystemdNotifier, Watchdog
-from appliance.postprocess import Postprocessor
-from appliance.preprocess import load_pipelines
+from appliance.pipeline.loader import load_pipelines
+from appliance.pipeline.postprocess import Postprocessor
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.server import InferenceServicer
+from appliance.serving import access, listen, oip
+from appliance.serving.analyze import ModelInfo, PathLimits, RequestPath
+from appliance.serving.health import HealthState, ServiceState
+from appliance.serving.liveness import Stage, StageProgress, stalled
+from appliance.serving.metrics import Metrics
+from appliance.serving.notify import Notifier, SystemdNotifier, Watchdog
+from appliance.serving.server import InferenceServicer
 from appliance.thermal.control import HealthAction, health_action
 from appliance.thermal_control import ThermalController
 from appliance.thermometers import make_thermometer

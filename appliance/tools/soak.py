@@ -1,7 +1,7 @@
-"""``make soak DURATION=…`` / ``python -m appliance.soak``: a long run at ~80 % of capacity, watching for leaks.
+"""``make soak DURATION=…`` / ``python -m appliance.tools.soak``: a long run at ~80 % of capacity, watching for leaks.
 
 It starts ``appliance serve`` (the configuration's model and backend, a free loopback port), measures capacity
-with a short closed-loop burst (:func:`appliance.bench.run_load`), then sends Poisson arrivals at
+with a short closed-loop burst (:func:`appliance.tools.bench.run_load`), then sends Poisson arrivals at
 ``--load`` × capacity for ``--duration`` seconds. A fraction of calls is cancelled by the client after a random
 delay (``--cancel``), and a trickle of bad inputs (truncated, bit-flipped, not DICOM; ``--bad``) is mixed in.
 Every ``--interval`` seconds it samples the daemon (and its child processes): RSS, open file descriptors and
@@ -30,9 +30,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from appliance.bench import _Daemon, run_load
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.tools.bench import _Daemon, run_load
 
 __all__ = ["bad_inputs", "main", "proc_sample", "soak"]
 
@@ -240,9 +240,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the soak; print the summary; write ``--json`` and ``--plot``."""
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
-    parser = argparse.ArgumentParser(prog="python -m appliance.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m appliance.tools.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=1800.0, help="seconds of soak (after the capacity probe)")
     parser.add_argument("--load", type=float, default=0.8, help="fraction of measured capacity")
     parser.add_argument("--interval", type=float, default=0.0, help="seconds per sample (default duration/60)")

@@ -20,12 +20,12 @@ from typing import Any
 
 import grpc
 
-from appliance.kserve_v2 import KServeV2
-from appliance.loadgen import CHANNEL_OPTIONS
+from appliance.serving.kserve_v2 import KServeV2
+from appliance.tools.loadgen import CHANNEL_OPTIONS
 
 __all__ = ["PEER_DIR", "REPO", "TritonPeer", "batch_stats", "check_inputs", "default_peer_python", "triton_metrics"]
 
-REPO = Path(__file__).resolve().parents[1]  # the checkout (the peer imports appliance from here)
+REPO = Path(__file__).resolve().parents[2]  # the checkout (the peer imports appliance from here)
 PEER_DIR = REPO / "bench" / "peers" / "triton"
 
 

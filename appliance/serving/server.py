@@ -1,10 +1,10 @@
 """gRPC servicer ``appliance.v1.Inference`` (Analyze, AnalyzeStream, GetStatus): protobuf in and out only.
 
-The request path itself is :meth:`appliance.analyze.RequestPath.analyze`; this module translates an
-``AnalyzeRequest`` into a call on the :class:`~appliance.analyze.Analyzer` protocol and an
-:class:`~appliance.analyze.Analysis` back into an ``AnalyzeResponse``. Every error leaves as the gRPC status of
+The request path itself is :meth:`appliance.serving.analyze.RequestPath.analyze`; this module translates an
+``AnalyzeRequest`` into a call on the :class:`~appliance.serving.analyze.Analyzer` protocol and an
+:class:`~appliance.serving.analyze.Analysis` back into an ``AnalyzeResponse``. Every error leaves as the gRPC status of
 its :mod:`appliance.errors` class, with ``google.rpc`` details (ErrorInfo, BadRequest, RetryInfo); bad input
-never gets INTERNAL. Health and reflection are registered by :mod:`appliance.app`.
+never gets INTERNAL. Health and reflection are registered by :mod:`appliance.serving.app`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from appliance.analyze import Analysis, RequestPath
+from appliance.batching.work import Priority
 from appliance.errors import ApplianceError, InputError
 from appliance.privacy import hash_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.work import Priority
+from appliance.serving.analyze import Analysis, RequestPath
 
 __all__ = ["InferenceServicer", "error_status"]
 
@@ -85,7 +85,7 @@ class _FrameWindow:
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    """``appliance.v1.Inference`` over a :class:`~appliance.analyze.RequestPath`."""
+    """``appliance.v1.Inference`` over a :class:`~appliance.serving.analyze.RequestPath`."""
 
     def __init__(
         self,

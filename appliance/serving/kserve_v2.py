@@ -11,9 +11,9 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from appliance.oip import serialize_bytes as encode_bytes_tensor
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+from appliance.serving.oip import serialize_bytes as encode_bytes_tensor
 
 __all__ = ["KServeV2", "encode_bytes_tensor"]
 

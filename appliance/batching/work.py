@@ -13,7 +13,7 @@ import numpy as np
 from appliance.errors import ApplianceError
 
 if TYPE_CHECKING:
-    from appliance.preprocess import FrameInfo
+    from appliance.pipeline.steps import FrameInfo
 
 __all__ = ["ItemState", "Priority", "Request", "WorkItem"]
 

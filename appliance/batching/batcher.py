@@ -8,7 +8,7 @@ batch buffer, zero-pads the rest, runs the engine, and splits the outputs back. 
 the workers prepare the frames of batch k+1. Admitted frames that no worker has started yet expire at their
 deadline too, freeing their slots.
 
-The launch rule is the pure function :func:`appliance.policy.choose`. Cancelled or expired items are dropped
+The launch rule is the pure function :func:`appliance.batching.policy.choose`. Cancelled or expired items are dropped
 before they are computed and their slots freed.
 """
 
@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from appliance.batching.pacer import Pacer
+from appliance.batching.policy import choose
+from appliance.batching.work import ItemState, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import BatcherConfig
 from appliance.engines.base import Engine
@@ -38,12 +41,9 @@ from appliance.errors import (
     Overloaded,
     Unavailable,
 )
-from appliance.pacer import Pacer
-from appliance.policy import choose
-from appliance.work import ItemState, Request, WorkItem
 
 if TYPE_CHECKING:
-    from appliance.preprocess import FrameInfo
+    from appliance.pipeline.steps import FrameInfo
 
 __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 

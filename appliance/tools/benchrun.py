@@ -22,13 +22,13 @@ from typing import Any
 import grpc
 import numpy as np
 
-from appliance import benchcost as bc
-from appliance import loadgen
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.tools import benchcost as bc
+from appliance.tools import loadgen
 
 __all__ = ["run_extended"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -44,7 +44,7 @@ class _Server:
 
 def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
     from appliance.manifest import load_manifest
-    from appliance.preprocess import load_pipeline
+    from appliance.pipeline.loader import load_pipeline
 
     name = args.pipeline or "ct-nodule"
     pipeline = load_pipeline(REPO / "pipelines" / f"{name}.toml", REPO / "models")
@@ -53,7 +53,7 @@ def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _costs(args: argparse.Namespace, files: list[bytes], pipeline: Any, manifest: Any) -> dict[str, Any]:
     """Per-slice CPU costs on one pinned core, the ceilings, engine_flops_ratio, uncompressed preprocessing."""
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     batch = int(manifest.input.shape[0])
     native = synthetic.workload("native", 16, args.seed + 1)
@@ -115,7 +115,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
         out["burst_drain_ms"] = extra
     m1 = _triton_metrics(srv)
     if m0 and m1:
-        from appliance.benchpeer import batch_stats
+        from appliance.tools.benchpeer import batch_stats
 
         out["triton_batches"] = batch_stats(m0, m1, srv.batch)
     s1 = await _status(status)
@@ -140,7 +140,7 @@ async def _status(status: Any) -> dict[str, Any]:
 def _triton_metrics(srv: _Server) -> dict[str, float]:
     if srv.metrics_port is None:
         return {}
-    from appliance.benchpeer import triton_metrics
+    from appliance.tools.benchpeer import triton_metrics
 
     try:
         return triton_metrics(srv.metrics_port)
@@ -156,7 +156,7 @@ async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[
                  else loadgen.kserve_sender(channels[s.name], files))
         for s in servers
     }
-    from appliance.bench import status_fields
+    from appliance.tools.bench import status_fields
 
     status = {"appliance": (lambda: status_fields(pb_grpc.InferenceStub(channels["appliance"])))}
     turn = 0
@@ -211,7 +211,7 @@ def _start_peer(python: Path, instances: int, delay_us: int, log_stem: Path, tri
     a loaded machine the model load then fails ("Timeout occurred while waiting for config file"). A retry
     is a fresh start, so it measures nothing different.
     """
-    from appliance.benchpeer import TritonPeer
+    from appliance.tools.benchpeer import TritonPeer
 
     for attempt in range(1, tries + 1):
         peer = TritonPeer(python, instances=instances, queue_delay_us=delay_us,
@@ -281,7 +281,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str, Any], logdir: Path,
                  daemon_cls: Any, measure: Any, warm: Any) -> None:
     """Fill ``report`` with the extended run (see the module docstring)."""
-    from appliance import benchpeer
+    from appliance.tools import benchpeer
 
     pipeline, manifest = _load_model(args)
     if args.costs:
@@ -333,7 +333,7 @@ def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str,
         report["self"] = _self_comparison(args, logdir, measure)
     _targets(report)
     if args.plot:
-        from appliance.benchplot import plot
+        from appliance.tools.benchplot import plot
 
         report["plots"] = plot(report, {s.name: s.raw for s in servers}, args.plot)
 
@@ -346,7 +346,7 @@ async def _warm_kserve(srv: _Server, files: list[bytes], args: argparse.Namespac
 
 def _self_comparison(args: argparse.Namespace, logdir: Path, measure: Any) -> dict[str, Any]:
     """Overlap vs ``--no-overlap`` on ``--self-workload`` (preprocessing and engine time comparable)."""
-    from appliance import synthetic
+    from appliance.tools import synthetic
 
     files = synthetic.workload(args.self_workload, args.files, args.seed)
     out: dict[str, Any] = {"workload": args.self_workload}

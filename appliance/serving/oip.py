@@ -33,14 +33,14 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from appliance import __version__
+from appliance.batching.work import Priority
 from appliance.errors import ApplianceError, InputError
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.server import error_status
-from appliance.work import Priority
+from appliance.serving.server import error_status
 
 if TYPE_CHECKING:
-    from appliance.analyze import Analyzer
+    from appliance.serving.analyze import Analyzer
 
 __all__ = ["DICOM_SUFFIX", "SERVICE_NAME", "OipServicer", "add_to_server", "deserialize_bytes", "serialize_bytes"]
 

@@ -1,0 +1,181 @@
+"""A parsed and validated DICOM image (:class:`DicomInstance`) and the bounds checked while parsing it.
+
+Frames are decoded one at a time with the plugin chosen for the transfer syntax, after the frame's
+codestream header has been checked against the DICOM header (:mod:`appliance.dicom.codestream`).
+:meth:`DicomInstance.decode_frame` touches only values copied out at parse time, so many threads may call it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+from pydicom.dataset import Dataset
+from pydicom.encaps import get_frame
+from pydicom.pixels import get_decoder
+
+from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, stream_kind
+from appliance.dicom.syntaxes import NATIVE, first_line, tag_name, ts_label
+from appliance.errors import DicomError
+
+__all__ = ["DicomInstance", "DicomLimits"]
+
+
+@dataclass(frozen=True)
+class DicomLimits:
+    """Bounds checked before anything is allocated for an input."""
+
+    max_bytes: int = 64 << 20  # encoded size of the whole Part 10 file
+    max_pixels_per_frame: int = 4096 * 4096  # Rows x Columns
+    max_frames: int = 512  # Number of Frames
+    max_decoded_bytes: int = 1 << 30  # all frames, all samples, at the decoded item size
+    max_inflated_bytes: int = 256 << 20  # a deflated dataset, inflated (counted in chunks, never held)
+    max_items: int = 100_000  # sequence items (and pixel fragments) in the dataset: a parse-time bomb bound
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class DicomInstance:
+    """A parsed and validated DICOM image, not yet decoded.
+
+    Built only by :func:`parse`. The header values below are validated and agree with each other and with the
+    pixel data length. ``dataset`` is the full pydicom dataset for callers that need more tags; treat it as
+    read-only, and note that it holds patient data (never log it).
+    """
+
+    sop_instance_uid: str  # (0008,0018)
+    sop_class_uid: str  # (0008,0016)
+    transfer_syntax_uid: str  # (0002,0010)
+    modality: str  # (0008,0060), "" when absent
+    rows: int
+    columns: int
+    number_of_frames: int  # 1 when (0028,0008) is absent
+    samples_per_pixel: int  # 1 or 3
+    photometric: str  # as stored (MONOCHROME1/2, PALETTE COLOR, RGB, YBR_*)
+    bits_allocated: int
+    bits_stored: int
+    pixel_representation: int  # 0 unsigned, 1 signed
+    pixel_spacing: tuple[float, float] | None  # mm (row spacing, column spacing), when present and valid
+    dataset: Dataset
+    decoding_plugin: str  # the plugin chosen for the transfer syntax, or NATIVE
+    pixel_keyword: str  # PixelData, FloatPixelData or DoubleFloatPixelData
+    lossy: bool  # lossy transfer syntax or (0028,2110) Lossy Image Compression = "01"
+    _pixels: bytes | memoryview = field(repr=False)
+    _opts: dict[str, Any] = field(repr=False)
+    _rescale: tuple[tuple[float, float], ...] = field(repr=False)  # per frame, or one for all
+    _windows: tuple[tuple[float, float] | None, ...] = field(repr=False)  # per frame, or one for all
+    _modality_lut: tuple[int, np.ndarray] | None = field(repr=False)  # (first stored value, float32 table)
+
+    def __repr__(self) -> str:
+        """Return shape, syntax and UIDs only; never patient data."""
+        return (
+            f"DicomInstance(sop_instance_uid={self.sop_instance_uid!r}, sop_class={self.sop_class_uid!r}, "
+            f"ts={self.transfer_syntax_uid!r}, modality={self.modality!r}, frames={self.number_of_frames}, "
+            f"shape=({self.rows}, {self.columns}, {self.samples_per_pixel}), "
+            f"photometric={self.photometric!r}, "
+            f"bits={self.bits_stored}/{self.bits_allocated})"
+        )
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """Shape of one decoded frame: (rows, columns) or (rows, columns, samples)."""
+        if self.samples_per_pixel == 1:
+            return (self.rows, self.columns)
+        return (self.rows, self.columns, self.samples_per_pixel)
+
+    def rescale(self, index: int) -> tuple[float, float]:
+        """Return (slope, intercept) of the modality LUT for frame ``index`` ((1, 0) when absent).
+
+        Per-frame values of enhanced multi-frame objects (Pixel Value Transformation Sequence) are honoured.
+        """
+        return self._rescale[index if len(self._rescale) > 1 else 0]
+
+    def voi_window(self, index: int) -> tuple[float, float] | None:
+        """Return the file's first (center, width) VOI window for frame ``index``, or None.
+
+        None unless (0028,1050) Window Center and (0028,1051) Window Width are present, finite, and the width
+        is at least 1 (docs/dicom.md: a width of 0 is common and makes windowing divide by zero).
+        """
+        return self._windows[index if len(self._windows) > 1 else 0]
+
+    @property
+    def modality_lut(self) -> tuple[int, np.ndarray] | None:
+        """The (0028,3000) Modality LUT Sequence as (first stored value mapped, float32 table), or None."""
+        return self._modality_lut
+
+    def decode_frame(self, index: int) -> np.ndarray:
+        """Return the stored values of frame ``index`` (colour frames as RGB), decoded with the chosen plugin.
+
+        Args:
+            index: frame number, 0-based.
+
+        Raises:
+            IndexError: ``index`` is out of range (a caller bug, not bad input).
+            DicomError: the plugin failed on this frame; the message names the transfer syntax and plugin.
+        """
+        return self.decode_frame_raw(index, raw=False)[0]
+
+    def decode_frame_raw(self, index: int, raw: bool = True) -> tuple[np.ndarray, str]:
+        """Return frame ``index`` and the photometric interpretation of the returned array.
+
+        With ``raw=True`` YBR data stays YBR (its first channel is then the luma), which skips pydicom's
+        numpy YCbCr->RGB conversion (docs/dicom.md: ~60 ms on a 1536x2048 frame). JPEG 2000 decoders always
+        undo YBR_RCT/YBR_ICT themselves and report RGB.
+
+        Args:
+            index: frame number, 0-based.
+            raw: skip the YBR->RGB conversion.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            DicomError: the plugin failed on this frame.
+        """
+        if not 0 <= index < self.number_of_frames:
+            raise IndexError(f"frame index {index} out of range for {self.number_of_frames} frame(s)")
+        self._check_stream(index)
+        decoder = get_decoder(self.transfer_syntax_uid)
+        plugin = "" if self.decoding_plugin == NATIVE else self.decoding_plugin
+        try:
+            arr, props = decoder.as_array(
+                self._pixels, index=index, validate=True, raw=raw, decoding_plugin=plugin, **self._opts
+            )
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a Rust panic (pyo3 PanicException) is a BaseException too
+            raise DicomError(
+                f"cannot decode frame {index} of {tag_name('PixelData')} with transfer syntax "
+                f"{ts_label(self.transfer_syntax_uid)} using plugin {self.decoding_plugin!r}: "
+                f"{type(e).__name__}: {first_line(e)}",
+                field="dicom.PixelData",
+            ) from e
+        if arr.shape != self.frame_shape:
+            raise DicomError(
+                f"{tag_name('PixelData')} frame {index} decoded to shape {arr.shape}, header says "
+                f"{self.frame_shape} (transfer syntax {ts_label(self.transfer_syntax_uid)}, "
+                f"plugin {self.decoding_plugin!r})",
+                field="dicom.PixelData",
+            )
+        return arr, str(props.get("photometric_interpretation", self.photometric))
+
+    def _check_stream(self, index: int) -> None:
+        """Check frame ``index``'s codestream header against the DICOM header before any decoder runs."""
+        if stream_kind(self.transfer_syntax_uid) is None:
+            return
+        try:
+            encapsulated = cast(bytes, self._pixels)  # only native pixel data is held as a memoryview
+            frame = get_frame(encapsulated, index, number_of_frames=self.number_of_frames,
+                              extended_offsets=self._opts.get("extended_offsets"))
+            check_frame(self.transfer_syntax_uid, frame, FrameGeometry(
+                self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored))
+        except StreamError as e:
+            raise DicomError(
+                f"{tag_name('PixelData')} frame {index} ({ts_label(self.transfer_syntax_uid)}): {e}",
+                field="dicom.PixelData",
+            ) from None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - malformed fragments
+            raise DicomError(
+                f"cannot locate frame {index} in {tag_name('PixelData')}: {type(e).__name__}: {first_line(e)}",
+                field="dicom.PixelData",
+            ) from None

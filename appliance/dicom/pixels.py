@@ -1,0 +1,356 @@
+"""The image pixel module of a dataset: read, cross-checked, and turned into per-frame decode inputs.
+
+Every value here is validated against the others and against the pixel data length before anything is
+decoded; each rejection names the tag (docs/dicom.md).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydicom import uid as _uid
+from pydicom.dataset import Dataset
+from pydicom.encaps import parse_basic_offsets, parse_fragments
+from pydicom.pixels.processing import apply_modality_lut
+
+from appliance.dicom.instance import DicomLimits
+from appliance.dicom.syntaxes import first_line, tag_name, ts_label
+from appliance.errors import DicomError, LimitExceeded
+
+__all__ = ["PIXEL_KEYWORDS", "PixelModule", "check_limits", "decode_options", "encapsulated_pixels",
+           "modality_lut_table", "native_pixels", "per_frame", "pixel_module", "pixel_spacing", "rescale_for",
+           "window_for"]
+
+PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+_PHOTOMETRIC_SAMPLES = {
+    "MONOCHROME1": 1,
+    "MONOCHROME2": 1,
+    "PALETTE COLOR": 1,
+    "RGB": 3,
+    "YBR_FULL": 3,
+    "YBR_FULL_422": 3,
+    "YBR_PARTIAL_420": 3,
+    "YBR_ICT": 3,
+    "YBR_RCT": 3,
+}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the pipelines compute in float32
+
+
+def _req_int(ds: Dataset, keyword: str, lo: int, hi: int) -> int:
+    if keyword not in ds or ds[keyword].value in (None, ""):
+        raise DicomError(f"{tag_name(keyword)} is missing or empty", field=f"dicom.{keyword}")
+    value = ds[keyword].value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DicomError(f"{tag_name(keyword)} must be a single integer", field=f"dicom.{keyword}")
+    if not lo <= value <= hi:
+        raise DicomError(f"{tag_name(keyword)} = {value} is out of range [{lo}, {hi}]",
+                         field=f"dicom.{keyword}")
+    return value
+
+
+def _number_of_frames(ds: Dataset) -> int:
+    if "NumberOfFrames" not in ds:
+        return 1
+    value = ds["NumberOfFrames"].value
+    try:
+        frames = int(value)
+    except (TypeError, ValueError):
+        raise DicomError(f"{tag_name('NumberOfFrames')} is not an integer",
+                         field="dicom.NumberOfFrames") from None
+    if frames < 1:
+        raise DicomError(f"{tag_name('NumberOfFrames')} = {frames} must be at least 1",
+                         field="dicom.NumberOfFrames")
+    return frames
+
+
+@dataclass(frozen=True)
+class PixelModule:
+    """The image pixel module's values, validated against each other."""
+    rows: int
+    columns: int
+    samples: int
+    photometric: str
+    bits_allocated: int
+    bits_stored: int
+    pixel_representation: int
+    planar_configuration: int
+    frames: int
+    keyword: str
+
+    @property
+    def bytes_per_sample(self) -> int:
+        """Bytes of one decoded sample (1-bit data decodes to uint8)."""
+        return max(1, self.bits_allocated // 8)  # 1-bit data decodes to uint8
+
+
+def pixel_module(ds: Dataset, keyword: str) -> PixelModule:
+    """Read and cross-check the image pixel module; each rejection names its tag."""
+    rows = _req_int(ds, "Rows", 1, 0xFFFF)
+    columns = _req_int(ds, "Columns", 1, 0xFFFF)
+    samples = _req_int(ds, "SamplesPerPixel", 1, 3)
+    if samples == 2:
+        raise DicomError(f"{tag_name('SamplesPerPixel')} = 2 is not valid (must be 1 or 3)",
+                         field="dicom.SamplesPerPixel")
+    photometric = str(ds.get("PhotometricInterpretation") or "").strip()
+    if photometric not in _PHOTOMETRIC_SAMPLES:
+        raise DicomError(
+            f"{tag_name('PhotometricInterpretation')} {photometric!r} is missing or not supported",
+            field="dicom.PhotometricInterpretation",
+        )
+    if _PHOTOMETRIC_SAMPLES[photometric] != samples:
+        raise DicomError(
+            f"{tag_name('PhotometricInterpretation')} {photometric!r} needs {tag_name('SamplesPerPixel')} = "
+            f"{_PHOTOMETRIC_SAMPLES[photometric]}, got {samples}",
+            field="dicom.SamplesPerPixel",
+        )
+    bits_allocated = _req_int(ds, "BitsAllocated", 1, 64)
+    if keyword == "PixelData":
+        if bits_allocated != 1 and bits_allocated % 8:
+            raise DicomError(f"{tag_name('BitsAllocated')} = {bits_allocated} must be 1 or a multiple of 8",
+                             field="dicom.BitsAllocated")
+        bits_stored = _req_int(ds, "BitsStored", 1, 64)
+        if bits_stored > bits_allocated:
+            raise DicomError(
+                f"{tag_name('BitsStored')} = {bits_stored} is greater than {tag_name('BitsAllocated')} = "
+                f"{bits_allocated}",
+                field="dicom.BitsStored",
+            )
+        pixel_representation = _req_int(ds, "PixelRepresentation", 0, 1)
+    else:
+        want = 32 if keyword == "FloatPixelData" else 64
+        if bits_allocated != want:
+            raise DicomError(f"{tag_name('BitsAllocated')} = {bits_allocated} must be {want} with "
+                             f"{tag_name(keyword)}", field="dicom.BitsAllocated")
+        bits_stored, pixel_representation = bits_allocated, 0
+    if bits_allocated == 1 and samples != 1:
+        raise DicomError(f"{tag_name('BitsAllocated')} = 1 needs {tag_name('SamplesPerPixel')} = 1",
+                         field="dicom.BitsAllocated")
+    planar = ds.get("PlanarConfiguration", 0) if samples == 3 else 0
+    if planar not in (0, 1):
+        raise DicomError(f"{tag_name('PlanarConfiguration')} must be 0 or 1",
+                         field="dicom.PlanarConfiguration")
+    return PixelModule(rows, columns, samples, photometric, bits_allocated, bits_stored,
+                        pixel_representation, int(planar or 0), _number_of_frames(ds), keyword)
+
+
+def check_limits(pm: PixelModule, limits: DicomLimits) -> None:
+    """Raise LimitExceeded when the header promises more pixels, frames or decoded bytes than ``limits``."""
+    pixels = pm.rows * pm.columns
+    if pixels > limits.max_pixels_per_frame:
+        raise LimitExceeded(
+            f"{tag_name('Rows')} x {tag_name('Columns')} = {pm.rows} x {pm.columns} = {pixels} pixels per "
+            f"frame, over the limit max_pixels_per_frame={limits.max_pixels_per_frame}",
+            field="dicom.Rows",
+        )
+    if pm.frames > limits.max_frames:
+        raise LimitExceeded(
+            f"{tag_name('NumberOfFrames')} = {pm.frames}, over the limit max_frames={limits.max_frames}",
+            field="dicom.NumberOfFrames",
+        )
+    decoded = pixels * pm.samples * pm.bytes_per_sample * pm.frames
+    if decoded > limits.max_decoded_bytes:
+        raise LimitExceeded(
+            f"decoded pixel data would be {decoded} bytes ({pm.frames} frame(s) of "
+            f"{pm.rows} x {pm.columns} x {pm.samples} x {pm.bytes_per_sample} bytes), over the limit "
+            f"max_decoded_bytes={limits.max_decoded_bytes}",
+            field="dicom.PixelData",
+        )
+
+
+def _frame_length(pm: PixelModule) -> tuple[int, int]:
+    """Return (bytes per frame, bytes for all frames) of native pixel data, as pydicom computes them."""
+    per_frame_pixels = pm.rows * pm.columns * pm.samples
+    total_pixels = per_frame_pixels * pm.frames
+    if pm.bits_allocated == 1:
+        per_frame, total = per_frame_pixels // 8, total_pixels // 8 + (total_pixels % 8 > 0)
+    else:
+        per_frame = per_frame_pixels * (pm.bits_allocated // 8)
+        total = total_pixels * (pm.bits_allocated // 8)
+    if pm.photometric == "YBR_FULL_422":
+        per_frame, total = per_frame // 3 * 2, total // 3 * 2
+    return per_frame, total
+
+
+def native_pixels(pixels: bytes, pm: PixelModule) -> memoryview:
+    """Check native pixel data's length against the header and return exactly the frames' bytes."""
+    per_frame, expected = _frame_length(pm)
+    label = tag_name(pm.keyword)
+    if len(pixels) < expected:
+        raise DicomError(
+            f"{label} is {len(pixels)} bytes, expected {expected} for {pm.frames} frame(s) of "
+            f"{pm.rows} x {pm.columns} x {pm.samples} at {tag_name('BitsAllocated')} = {pm.bits_allocated} "
+            f"(truncated, or {tag_name('NumberOfFrames')} too large)",
+            field=f"dicom.{pm.keyword}",
+        )
+    if per_frame and len(pixels) - expected >= per_frame:
+        held = len(pixels) // per_frame
+        raise DicomError(
+            f"{tag_name('NumberOfFrames')} = {pm.frames} but {label} holds {held} frames",
+            field="dicom.NumberOfFrames",
+        )
+    # The expected bytes plus the even-length padding byte: pydicom then has no excess to warn about, and
+    # big endian OW byte swapping still sees an even length.
+    return memoryview(pixels)[: min(len(pixels), expected + expected % 2)]
+
+
+def encapsulated_pixels(ds: Dataset, pixels: bytes, pm: PixelModule, ts: str) -> bytes:
+    """Check encapsulated pixel data's item structure and fragment count against the header."""
+    label = tag_name("PixelData")
+    if pm.keyword != "PixelData" or not ds[pm.keyword].is_undefined_length:
+        raise DicomError(
+            f"{label} is not encapsulated, but transfer syntax {ts_label(ts)} is compressed",
+            field="dicom.PixelData",
+        )
+    try:
+        offsets = parse_basic_offsets(pixels)
+        items = io.BytesIO(pixels)  # shares the buffer; parse_fragments wants bytes or a file-like
+        items.seek(8 + 4 * len(offsets))
+        n_fragments, _ = parse_fragments(items)
+    except Exception as e:  # noqa: BLE001 - malformed item structure
+        raise DicomError(f"{label} encapsulation is malformed: {type(e).__name__}: {first_line(e)}",
+                         field="dicom.PixelData") from e
+    if n_fragments == 0:
+        raise DicomError(f"{label} has no fragments", field="dicom.PixelData")
+    if offsets and len(offsets) != pm.frames:
+        raise DicomError(
+            f"{tag_name('NumberOfFrames')} = {pm.frames} but the Basic Offset Table of {label} lists "
+            f"{len(offsets)} frames",
+            field="dicom.NumberOfFrames",
+        )
+    if n_fragments < pm.frames:
+        raise DicomError(
+            f"{tag_name('NumberOfFrames')} = {pm.frames} but {label} has only {n_fragments} fragment(s)",
+            field="dicom.NumberOfFrames",
+        )
+    if ts == _uid.RLELossless and n_fragments != pm.frames:
+        raise DicomError(
+            f"{tag_name('NumberOfFrames')} = {pm.frames} but RLE {label} has {n_fragments} fragments "
+            "(RLE needs exactly one per frame)",
+            field="dicom.NumberOfFrames",
+        )
+    return pixels
+
+
+def decode_options(ds: Dataset, pm: PixelModule, ts: str) -> dict[str, Any]:
+    """Return the keyword arguments pydicom's decoder gets for every frame (copied out of the dataset)."""
+    opts: dict[str, Any] = {
+        "rows": pm.rows,
+        "columns": pm.columns,
+        "samples_per_pixel": pm.samples,
+        "photometric_interpretation": pm.photometric,
+        "bits_allocated": pm.bits_allocated,
+        "bits_stored": pm.bits_stored,
+        "pixel_representation": pm.pixel_representation,
+        "planar_configuration": pm.planar_configuration,
+        "number_of_frames": pm.frames,
+        "pixel_keyword": pm.keyword,
+        "pixel_vr": ds[pm.keyword].VR,
+    }
+    if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
+        eot, eotl = ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths
+        if len(eot) != 8 * pm.frames or len(eotl) != 8 * pm.frames:
+            raise DicomError(
+                f"{tag_name('ExtendedOffsetTable')} does not list {tag_name('NumberOfFrames')} = {pm.frames} "
+                "frames",
+                field="dicom.ExtendedOffsetTable",
+            )
+        opts["extended_offsets"] = (eot, eotl)
+    return opts
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        value = value[0] if len(value) else None
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        return None
+    return result if math.isfinite(result) else None
+
+
+def _functional_item(ds: Dataset, index: int, sequence: str) -> Dataset | None:
+    """Return the item of functional-group ``sequence`` for frame ``index`` (per-frame, else shared)."""
+    for groups, i in (("PerFrameFunctionalGroupsSequence", index), ("SharedFunctionalGroupsSequence", 0)):
+        seq = ds.get(groups)
+        if seq and len(seq) > i and sequence in seq[i] and seq[i][sequence].value:
+            item: Dataset = seq[i][sequence].value[0]
+            return item
+    return None
+
+
+def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
+    """Return (slope, intercept) for frame ``index``: top level, else its functional group, else (1, 0)."""
+    src: Dataset | None = ds if "RescaleSlope" in ds or "RescaleIntercept" in ds else None
+    if src is None:
+        src = _functional_item(ds, index, "PixelValueTransformationSequence")
+    if src is None:
+        return 1.0, 0.0
+    slope = _float_or_none(src.get("RescaleSlope", 1.0))
+    intercept = _float_or_none(src.get("RescaleIntercept", 0.0))
+    if slope is None or slope == 0.0 or abs(slope) > _FLOAT32_MAX:
+        raise DicomError(f"{tag_name('RescaleSlope')} must be a finite non-zero float32 number",
+                         field="dicom.RescaleSlope")
+    if intercept is None or abs(intercept) > _FLOAT32_MAX:
+        raise DicomError(f"{tag_name('RescaleIntercept')} must be a finite float32 number",
+                         field="dicom.RescaleIntercept")
+    return slope, intercept
+
+
+def window_for(ds: Dataset, index: int) -> tuple[float, float] | None:
+    """Return the first usable (center, width) VOI window for frame ``index``, or None."""
+    src: Dataset | None = ds if "WindowWidth" in ds else _functional_item(ds, index, "FrameVOILUTSequence")
+    if src is None:
+        return None
+    center = _float_or_none(src.get("WindowCenter"))
+    width = _float_or_none(src.get("WindowWidth"))
+    if center is None or width is None or width < 1:
+        return None
+    return center, width
+
+
+def per_frame(values: list[Any]) -> tuple[Any, ...]:
+    """Collapse per-frame values to one when they are all equal."""
+    return (values[0],) if all(v == values[0] for v in values) else tuple(values)
+
+
+def modality_lut_table(ds: Dataset, pm: PixelModule) -> tuple[int, np.ndarray] | None:
+    """Return the Modality LUT Sequence as (first stored value mapped, float32 table), or None."""
+    seq = ds.get("ModalityLUTSequence")
+    if not seq:
+        return None
+    try:
+        n_entries, first, _bits = (int(v) for v in seq[0].LUTDescriptor)
+        n_entries = n_entries or 65536
+        if pm.pixel_representation == 1 and first >= 1 << 15:
+            first -= 1 << 16  # first mapped value is stored as US even for signed data
+        stored = np.arange(first, first + n_entries, dtype=np.int64)
+        table = np.asarray(apply_modality_lut(stored, ds), dtype=np.float32)
+    except Exception as e:  # noqa: BLE001 - malformed LUT descriptor or data
+        raise DicomError(f"{tag_name('ModalityLUTSequence')} is malformed: {type(e).__name__}",
+                         field="dicom.ModalityLUTSequence") from e
+    if table.shape != (n_entries,):
+        raise DicomError(f"{tag_name('ModalityLUTSequence')} LUT Data does not match its LUT Descriptor",
+                         field="dicom.ModalityLUTSequence")
+    return first, table
+
+
+def pixel_spacing(ds: Dataset) -> tuple[float, float] | None:
+    """Return (row, column) spacing in mm when present, finite and positive, else None."""
+    spacing = ds.get("PixelSpacing")
+    if spacing is None:
+        item = _functional_item(ds, 0, "PixelMeasuresSequence")
+        spacing = item.get("PixelSpacing") if item is not None else None
+    if not isinstance(spacing, Sequence) or isinstance(spacing, str | bytes) or len(spacing) != 2:
+        return None
+    try:
+        row, col = float(spacing[0]), float(spacing[1])
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(row) and math.isfinite(col) and row > 0 and col > 0):
+        return None
+    return row, col

@@ -1,0 +1,252 @@
+"""Parse, validate and decode DICOM instances from in-memory bytes.
+
+pydicom reads almost anything without complaint (docs/dicom.md): a truncated header becomes an empty
+dataset, a patched length field allocates whatever it claims, and "auto" decoding falls through from a
+plugin that failed loudly to one that returns wrong pixels quietly (§2). This module is the wall between
+network bytes and the preprocessing pipelines:
+
+* :func:`parse` bounds the input, reads it without ``force``, and validates the image pixel module against
+  itself and against the pixel data length. Limits on pixels per frame, frames and decoded bytes are
+  checked from the header, before anything is decoded.
+* :class:`DicomInstance` holds the validated header values and the encoded pixel bytes. Frames are decoded
+  one at a time with the plugin chosen for the transfer syntax in :data:`DECODER_PLUGINS`, never "auto".
+* Every rejection is an :class:`~appliance.errors.InputError` (INVALID_ARGUMENT) or
+  :class:`~appliance.errors.NotApplicable` (FAILED_PRECONDITION, a valid object that is not an image) whose
+  message names the tag, transfer syntax or limit, and never carries patient data.
+
+Threading: :func:`parse` holds a module lock while pydicom reads and while the header values are copied
+out, because capturing pydicom's warnings (which may quote element values, so must never reach a log) needs
+the process-global ``warnings`` state. Elements that :func:`parse` does not need (patient module and the
+like) stay unconverted, so their values never reach a warning here. :meth:`DicomInstance.decode_frame`
+touches only values copied out at parse time and is safe to call from many worker threads at once.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import warnings
+import zlib
+
+import pydicom
+from pydicom import uid as _uid
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.filereader import _read_file_meta_info, read_preamble
+
+from appliance.dicom.instance import DicomInstance, DicomLimits
+from appliance.dicom.pixels import (
+    PIXEL_KEYWORDS,
+    check_limits,
+    decode_options,
+    encapsulated_pixels,
+    modality_lut_table,
+    native_pixels,
+    per_frame,
+    pixel_module,
+    pixel_spacing,
+    rescale_for,
+    window_for,
+)
+from appliance.dicom.syntaxes import DECODER_PLUGINS, LOSSY_SYNTAXES, check_syntax, first_line, tag_name
+from appliance.errors import DicomError, LimitExceeded, NotApplicable
+
+__all__ = ["parse"]
+
+logger = logging.getLogger(__name__)
+
+# SOP classes that carry pixel data although their names do not say "Image".
+_PIXEL_CLASS_WORDS = ("Image", "Segmentation", "RT Dose", "Parametric Map")
+_PARSE_LOCK = threading.Lock()
+_ITEM_TAG = b"\xfe\xff\x00\xe0"  # (FFFE,E000) Item, little endian
+
+_DEFAULT_LIMITS = DicomLimits()
+
+
+def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = _DEFAULT_LIMITS) -> DicomInstance:
+    """Parse and validate a DICOM Part 10 file held in memory; decode nothing.
+
+    Args:
+        data: the whole file, starting with the 128-byte preamble and ``DICM``.
+        limits: size bounds, all checked before pixel memory is allocated.
+
+    Raises:
+        DicomError: not DICOM, or a required tag is missing, contradictory or out of range, or the pixel data
+            length does not match the header.
+        UnsupportedTransferSyntax: the syntax is not accepted, or its plugin is not installed.
+        LimitExceeded: over one of ``limits``.
+        NotApplicable: valid DICOM that is not an image (RT Plan, SR, DICOMDIR, waveform...).
+    """
+    data = bytes(data) if not isinstance(data, bytes) else data
+    if not data:
+        raise DicomError("empty input (0 bytes): not a DICOM Part 10 file")
+    if len(data) > limits.max_bytes:
+        raise LimitExceeded(f"input is {len(data)} bytes, over the limit max_bytes={limits.max_bytes}")
+    if len(data) < 132 or data[128:132] != b"DICM":
+        raise DicomError(
+            "not a DICOM Part 10 file: no 'DICM' prefix after the 128-byte preamble "
+            "(file meta information is required)"
+        )
+    with _PARSE_LOCK, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        inst = _build(_read(data, limits), limits)
+    if caught:
+        # Only the count and categories: pydicom's warning texts can quote element values (patient data).
+        logger.debug("pydicom emitted %d warning(s) while parsing: %s", len(caught),
+                     sorted({w.category.__name__ for w in caught}))
+    return inst
+
+
+def _read(data: bytes, limits: DicomLimits) -> Dataset:
+    """Read the file meta, check the syntax, then read the dataset (caller holds the lock)."""
+    fp = io.BytesIO(data)
+    try:
+        read_preamble(fp, False)
+        meta = _read_file_meta_info(fp)
+    except Exception as e:  # noqa: BLE001 - any failure here means malformed input
+        raise DicomError(f"cannot read the file meta information (group 0002): {type(e).__name__}") from e
+    ts = meta.get("TransferSyntaxUID")
+    if not ts:
+        raise DicomError(f"{tag_name('TransferSyntaxUID')} is missing from the file meta information",
+                         field="dicom.TransferSyntaxUID")
+    check_syntax(str(ts))
+    if ts == _uid.DeflatedExplicitVRLittleEndian:
+        _check_deflate(data[fp.tell():], limits)
+    else:
+        big = data.count(b"\xff\xfe\xe0\x00") if ts == _uid.ExplicitVRBigEndian else 0
+        _check_items(data.count(_ITEM_TAG) + big, limits)
+    try:
+        ds = pydicom.dcmread(io.BytesIO(data), force=False)
+    except InvalidDicomError as e:
+        raise DicomError(f"not a valid DICOM file: {first_line(e)}") from e
+    except MemoryError:
+        raise
+    except RecursionError:
+        raise LimitExceeded("sequences are nested too deeply to parse", field="dicom") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
+        raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
+    return ds
+
+def _check_items(count: int, limits: DicomLimits) -> None:
+    """Refuse a dataset with more item tags than ``max_items``, before pydicom parses it.
+
+    A 27 KB deflated file with 400,000 tiny sequence items takes seconds to parse. Counting the byte pattern
+    is an upper bound.
+    """
+    if count > limits.max_items:
+        raise LimitExceeded(
+            f"the dataset holds {count} sequence items (FFFE,E000), over the limit max_items={limits.max_items}",
+            field="dicom",
+        )
+
+
+def _check_deflate(body: bytes, limits: DicomLimits) -> None:
+    """Inflate a deflated body in chunks, counting bytes and item tags and keeping nothing.
+
+    pydicom's own inflate is unbounded (a 523 KB file can carry a 512 MiB element), so the size is proven
+    within ``max_inflated_bytes`` first; pydicom inflates it again only after that.
+    """
+    bound = limits.max_inflated_bytes
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    size = items = 0
+    tail = b""
+    pending = body
+    try:
+        while pending or not inflater.eof:
+            chunk = inflater.decompress(pending, 1 << 20)
+            pending = inflater.unconsumed_tail
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > bound:
+                raise LimitExceeded(
+                    f"deflated dataset inflates to more than {bound} bytes (limit max_inflated_bytes={bound})",
+                    field="dicom",
+                )
+            joined = tail + chunk
+            items += joined.count(_ITEM_TAG) - tail.count(_ITEM_TAG)
+            tail = joined[-3:]
+    except zlib.error as e:
+        raise DicomError(f"deflated dataset does not inflate: {e}") from e
+    _check_items(items, limits)
+
+
+def _is_pixel_class(sop_class: str) -> bool:
+    name = _uid.UID(sop_class).name
+    return any(word in name for word in _PIXEL_CLASS_WORDS)
+
+
+def _identify(ds: Dataset) -> tuple[str, str, str]:
+    """Return (transfer syntax, SOP class, SOP instance) or raise for a non-image / unidentifiable object."""
+    ts = str(ds.file_meta.TransferSyntaxUID)
+    if len(ds) == 0:
+        raise DicomError("the dataset has no data elements after the file meta information (truncated?)")
+    sop_class = ds.get("SOPClassUID")
+    if not sop_class:
+        media = str(ds.file_meta.get("MediaStorageSOPClassUID", ""))
+        if media == _uid.MediaStorageDirectoryStorage:
+            raise NotApplicable("a DICOMDIR (Media Storage Directory Storage) is an index, not an image")
+        raise DicomError(f"{tag_name('SOPClassUID')} is missing", field="dicom.SOPClassUID")
+    sop_class = str(sop_class)
+    present = [kw for kw in PIXEL_KEYWORDS if kw in ds]
+    if not present:
+        label = f"'{_uid.UID(sop_class).name}' ({sop_class})"
+        if _is_pixel_class(sop_class):
+            raise DicomError(f"{tag_name('PixelData')} is missing from a {label} object",
+                             field="dicom.PixelData")
+        raise NotApplicable(f"SOP class {label} has no {tag_name('PixelData')}: not an image")
+    if len(present) > 1:
+        raise DicomError(f"only one of {', '.join(tag_name(k) for k in present)} may be present",
+                         field="dicom.PixelData")
+    sop_instance = ds.get("SOPInstanceUID")
+    if not sop_instance:
+        raise DicomError(f"{tag_name('SOPInstanceUID')} is missing", field="dicom.SOPInstanceUID")
+    return ts, sop_class, str(sop_instance)
+
+def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
+    ts, sop_class, sop_instance = _identify(ds)
+    for tag in [t for t in ds.keys() if t.group == 0x0028]:
+        ds[tag]  # convert the image pixel group (palettes, LUTs) now, under the lock, warnings captured
+    keyword = next(kw for kw in PIXEL_KEYWORDS if kw in ds)
+    pm = pixel_module(ds, keyword)
+    check_limits(pm, limits)
+    raw_pixels = ds[keyword].value
+    if not isinstance(raw_pixels, bytes | bytearray):
+        raise DicomError(f"{tag_name(keyword)} has no readable value", field=f"dicom.{keyword}")
+    raw_pixels = bytes(raw_pixels) if isinstance(raw_pixels, bytearray) else raw_pixels
+    if _uid.UID(ts).is_encapsulated:
+        pixels: bytes | memoryview = encapsulated_pixels(ds, raw_pixels, pm, ts)
+    else:
+        pixels = native_pixels(raw_pixels, pm)
+    opts = decode_options(ds, pm, ts)
+    modality_lut = modality_lut_table(ds, pm) if pm.samples == 1 and keyword == "PixelData" else None
+    rescale = per_frame([rescale_for(ds, i) for i in range(pm.frames)])
+    windows = per_frame([window_for(ds, i) for i in range(pm.frames)])
+    lossy = ts in LOSSY_SYNTAXES or str(ds.get("LossyImageCompression", "")).strip() == "01"
+    return DicomInstance(
+        sop_instance_uid=sop_instance,
+        sop_class_uid=sop_class,
+        transfer_syntax_uid=ts,
+        modality=str(ds.get("Modality") or ""),
+        rows=pm.rows,
+        columns=pm.columns,
+        number_of_frames=pm.frames,
+        samples_per_pixel=pm.samples,
+        photometric=pm.photometric,
+        bits_allocated=pm.bits_allocated,
+        bits_stored=pm.bits_stored,
+        pixel_representation=pm.pixel_representation,
+        pixel_spacing=pixel_spacing(ds),
+        dataset=ds,
+        decoding_plugin=DECODER_PLUGINS[ts],
+        pixel_keyword=keyword,
+        lossy=lossy,
+        _pixels=pixels,
+        _opts=opts,
+        _rescale=rescale,
+        _windows=windows,
+        _modality_lut=modality_lut,
+    )

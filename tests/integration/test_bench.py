@@ -9,7 +9,7 @@ import pytest
 
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools.bench import main as bench_main
-from tests.conftest import REPO, RunningApp, fake_config
+from tests.support import REPO, RunningApp, fake_config
 
 KEYS = {"throughput_per_s", "latency_ms", "stages_ms", "batch_fill", "errors"}
 

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
-from tests.conftest import RunningApp, fake_config, write_fake_model
+from tests.support import RunningApp, fake_config, write_fake_model
 
 TEST_FILES = Path(pydicom.data.__file__).parent / "test_files"
 FILES = sorted(p for p in TEST_FILES.rglob("*") if p.is_file())

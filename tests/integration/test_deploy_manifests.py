@@ -17,7 +17,7 @@ import yaml
 from appliance.cli import _parser
 from appliance.config import load_config
 from appliance.serving.health import INFERENCE_SERVICE
-from tests.conftest import REPO
+from tests.support import REPO
 
 DEPLOY = REPO / "deploy"
 

@@ -28,10 +28,10 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
-from tests.conftest import REPO, RunningApp, fake_config
 from tests.engine_conformance import assert_conforms, reference_batch
 from tests.interop import venvs
 from tests.oip_support import LoopbackOip
+from tests.support import REPO, RunningApp, fake_config
 
 SERVER = Path(__file__).resolve().parents[1] / "interop" / "pytriton_server.py"
 

@@ -17,7 +17,7 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
 from appliance.tools.chaos import ANY_PIPELINE, bad_cases, fault_case
-from tests.conftest import REPO, RunningApp, fake_config, write_fake_model
+from tests.support import REPO, RunningApp, fake_config, write_fake_model
 
 CASES = bad_cases(seed=0)
 FAULT_KINDS = ("segfault", "abort", "panic", "alloc", "spin", "exit")

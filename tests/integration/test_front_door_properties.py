@@ -13,7 +13,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools.chaos import valid_files
-from tests.conftest import RunningApp, fake_config, write_fake_model
+from tests.support import RunningApp, fake_config, write_fake_model
 
 VALID = valid_files(size=64, seed=3)
 ALLOWED = {"OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"}

@@ -18,8 +18,8 @@ import pydicom
 import pytest
 
 from appliance.tools import synthetic
-from tests.conftest import REPO
 from tests.interop.daemon import appliance_serve
+from tests.support import REPO
 
 NODE_DIR = REPO / "tests" / "interop" / "node"
 PRE = {"window_center": -600.0, "window_width": 1500.0, "size": (256, 256)}

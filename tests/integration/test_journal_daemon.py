@@ -19,7 +19,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import FakeNotifySocket
 from appliance.tools import synthetic
-from tests.conftest import REPO, write_fake_model
+from tests.support import REPO, write_fake_model
 
 
 def _port() -> int:

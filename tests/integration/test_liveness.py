@@ -15,7 +15,7 @@ from appliance.serving.health import ServiceState
 from appliance.serving.liveness import Stage, StageProgress, stalled
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
-from tests.conftest import RunningApp, fake_config, write_fake_model
+from tests.support import RunningApp, fake_config, write_fake_model
 
 
 def test_stalled_names_only_stages_with_pending_work_and_no_progress() -> None:

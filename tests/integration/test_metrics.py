@@ -21,7 +21,7 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.metrics import LATENCY_BUCKETS, Metrics, parse_listen
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
-from tests.conftest import RunningApp, fake_config
+from tests.support import RunningApp, fake_config
 
 #: every family the dashboard and docs/monitoring.md rely on, with its Prometheus type
 REQUIRED = {

@@ -12,7 +12,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
-from tests.conftest import RunningApp
+from tests.support import RunningApp
 
 pytest.importorskip("onnxruntime")
 

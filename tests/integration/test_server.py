@@ -19,7 +19,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
-from tests.conftest import RunningApp, fake_config
+from tests.support import RunningApp, fake_config
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from appliance.serving.notify import FakeNotifySocket
-from tests.conftest import REPO, write_fake_model
+from tests.support import REPO, write_fake_model
 
 EX_CONFIG = 78
 

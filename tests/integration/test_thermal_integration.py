@@ -22,7 +22,7 @@ from appliance.thermal.control import ThermalController
 from appliance.thermal.fake_pynvml import FakePynvml
 from appliance.thermal.nvml import NvmlThermometer
 from appliance.tools import synthetic
-from tests.conftest import RunningApp, fake_config
+from tests.support import RunningApp, fake_config
 
 
 @contextlib.contextmanager

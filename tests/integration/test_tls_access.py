@@ -16,7 +16,7 @@ from appliance.errors import ConfigError
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import synthetic
-from tests.conftest import RunningApp, fake_config
+from tests.support import RunningApp, fake_config
 from tests.tls_testkit import Issued, issue, make_ca
 
 

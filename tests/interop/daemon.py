@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import REPO, write_fake_model
+from tests.support import REPO, write_fake_model
 
 __all__ = ["appliance_serve"]
 

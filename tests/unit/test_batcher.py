@@ -1,267 +1,373 @@
-"""Batching policy against the fake engine: fixed B, padding, priorities, cancellation, deadlines, pacing."""
+"""The batcher on a manual clock: fixed B, padding, priorities, cancellation, deadlines, pacing, engine failures.
+
+No threads and no sleeps: each test admits requests, plays the worker pool's part by hand (``begin_frame``,
+write the slot, ``frame_ready``), and turns the engine loop with ``Batcher.step(block=False)``, advancing the
+manual clock by exactly the wait the launch policy asks for. The fake engine sleeps on the same clock.
+"""
 
 from __future__ import annotations
 
+import collections
 import threading
-import time
+from typing import Any
 
 import numpy as np
 import pytest
 
-from appliance.batching.batcher import Batcher, BatcherConfig, Pacer
+from appliance.batching.batcher import Batcher, BatcherConfig, BatchObserver, Pacer
 from appliance.batching.work import ItemState, Priority, Request
 from appliance.clock import ManualClock
 from appliance.engines.fake import FakeEngine
-from appliance.errors import EngineDeadError, EngineError, LimitExceeded, Overloaded, Unavailable
-from tests.conftest import Feeder, StubInstance, StubPipeline
-
-_FEEDERS: dict[int, Feeder] = {}
-
-
-def start_batcher(batcher):
-    _FEEDERS[id(batcher)] = Feeder(batcher)
-    return batcher.start(warmup_runs=1)
-
-
-def make_batcher(manifest, *, engine_opts=None, **cfg):
-    engine = FakeEngine(manifest, manifest.artifact(), engine_opts or {})
-    config = BatcherConfig(**{"max_wait_s": 0.01, "queue_capacity": 16, **cfg})
-    batcher = Batcher(engine, config)
-    ready = start_batcher(batcher)
-    assert ready.wait(5) and batcher.start_error is None
-    return batcher, engine
+from appliance.errors import (
+    DeadlineExceeded,
+    DicomError,
+    EngineDeadError,
+    EngineError,
+    LimitExceeded,
+    Overloaded,
+    Unavailable,
+)
 
 
-def submit(batcher, values, pipeline, priority=Priority.INTERACTIVE, deadline=None):
-    """Admit a request of len(values) frames and let the feeder (the pool's stand-in) preprocess it."""
-    done = threading.Event()
-    req = Request(
-        request_id=f"r{values[0]}",
-        pipeline="stub",
-        priority=priority,
-        deadline=deadline,
-        t_admit=time.monotonic(),
-        n_frames=len(values),
-        on_done=lambda r: done.set(),
-    )
-    req.instance = StubInstance(list(values))
-    batcher.reserve(req)
-    _FEEDERS[id(batcher)].feed(req, req.instance, pipeline)
-    return req, done
+class Pipelined(FakeEngine):
+    """An engine that overlaps copy and compute (like TensorRT: two batches in flight)."""
+
+    max_in_flight = 2
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.log: list[str] = []
+        self._queue: collections.deque[tuple[object, np.ndarray]] = collections.deque()
+
+    def submit(self, batch: np.ndarray) -> object:
+        ticket = object()
+        self._queue.append((ticket, batch.copy()))
+        self.log.append("submit")
+        return ticket
+
+    def result(self, ticket: object) -> dict[str, np.ndarray]:
+        t, batch = self._queue.popleft()
+        assert t is ticket  # oldest first
+        self.log.append("result")
+        return self.run(batch)
+
+
+class Harness:
+    """A batcher, its fake engine and a manual clock; the test plays the worker pool."""
+
+    def __init__(self, manifest: Any, *, engine_cls: type[FakeEngine] = FakeEngine,
+                 engine_opts: dict[str, Any] | None = None, observer: BatchObserver | None = None,
+                 **cfg: Any) -> None:
+        self.clock = ManualClock(100.0)
+        self.engine = engine_cls(manifest, manifest.artifact(), {"clock": self.clock, **(engine_opts or {})})
+        self.engine.load()
+        self.dead: list[EngineDeadError] = []
+        config = BatcherConfig(**{"max_wait_s": 0.01, "queue_capacity": 16, **cfg})
+        self.batcher = Batcher(self.engine, config, clock=self.clock, observer=observer,
+                               on_engine_dead=self.dead.append)
+        self.batcher.batch_s_estimate = 0.01
+        self.answered: list[Request] = []
+        self._n = 0
+
+    def admit(self, values: list[float], priority: Priority = Priority.INTERACTIVE,
+              deadline_in: float | None = None) -> Request:
+        """Admit a request of ``len(values)`` frames; frame i will hold the constant ``values[i]``."""
+        now = self.clock.monotonic()
+        self._n += 1
+        req = Request(f"r{self._n}", "stub", priority, None if deadline_in is None else now + deadline_in, now,
+                      n_frames=len(values), on_done=self.answered.append)
+        req.instance = values
+        self.batcher.reserve(req)
+        return req
+
+    def decode(self, req: Request, *, fail: set[int] | frozenset[int] = frozenset()) -> None:
+        """Play the worker: write every admitted frame of ``req`` into its slot (or fail frames in ``fail``)."""
+        for item in req.items:
+            if not self.batcher.begin_frame(item):
+                continue
+            if item.frame_index in fail:
+                self.batcher.frame_failed(item, DicomError("(7FE0,0010) Pixel Data: bad", field="dicom.PixelData"))
+                continue
+            self.batcher.slots[item.slot][...] = req.instance[item.frame_index]
+            self.batcher.frame_ready(item, None, 0.1)
+
+    def submit(self, values: list[float], priority: Priority = Priority.INTERACTIVE,
+               deadline_in: float | None = None) -> Request:
+        """Admit and decode at once."""
+        req = self.admit(values, priority, deadline_in)
+        self.decode(req)
+        return req
+
+    def settle(self, max_s: float = 5.0) -> None:
+        """Turn the loop, advancing the clock by each wait, until nothing is unfinished (or ``max_s`` passed)."""
+        start = self.clock.monotonic()
+        for _ in range(10_000):
+            wait = self.batcher.step(block=False)
+            if wait is None or (wait > 0 and self.batcher.unfinished == 0):
+                return
+            if wait > 0:
+                if self.clock.monotonic() - start + wait > max_s:
+                    return
+                self.clock.advance(wait)
+        raise AssertionError("the engine loop never settled")
+
+    def prob(self, req: Request) -> list[float]:
+        """The fake engine's score of each frame: the mean of its own input."""
+        return [float(i.outputs["prob"][0]) for i in req.items]
 
 
 @pytest.fixture
-def stop_list():
-    items = []
-    yield items
-    for b in items:
-        b.stop(1.0)
-        feeder = _FEEDERS.pop(id(b), None)
-        if feeder is not None:
-            feeder.stop()
+def h(fake_manifest: Any) -> Harness:
+    return Harness(fake_manifest)
 
 
-def test_full_batch_then_padded_partial(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, max_wait_s=0.05)
-    stop_list.append(batcher)
-    pipe = StubPipeline()
-    reqs = [submit(batcher, [0.1 * (i + 1)], pipe) for i in range(6)]
-    for req, done in reqs:
-        assert done.wait(5)
+def test_full_batch_launches_at_once_then_a_partial_waits_max_wait_and_is_zero_padded(fake_manifest):
+    h = Harness(fake_manifest, max_wait_s=0.05)
+    reqs = [h.submit([0.1 * (i + 1)]) for i in range(6)]
+    assert h.batcher.step(block=False) == 0.0  # 4 ready = B: launched and collected now
+    assert h.engine.real_rows() == [4]
+    wait = h.batcher.step(block=False)  # 2 ready: the oldest may wait max_wait for partners
+    assert wait == pytest.approx(0.05)
+    h.clock.advance(0.049)
+    assert h.batcher.step(block=False) > 0 and len(h.engine.batches) == 1
+    h.clock.advance(0.001)
+    assert h.batcher.step(block=False) == 0.0
+    assert h.engine.real_rows() == [4, 2]
+    assert all(b.shape == (4, 1, 8, 8) for b in h.engine.batches)  # the engine always sees [B, ...]
+    assert not h.engine.batches[-1].reshape(4, -1)[2:].any()  # explicit zero rows
+    for req in reqs:  # rows went back to their own frames
         assert req.items[0].state == ItemState.DONE
-        # the fake engine's "prob" is the mean of the item's own input: rows were not mixed up
-        assert req.items[0].outputs["prob"][0] == pytest.approx(req.instance.values[0], abs=1e-6)
-    assert all(b.shape == (4, 1, 8, 8) for b in engine.batches)  # the engine always sees [B, ...]
-    assert sum(engine.real_rows()) == 6
-    assert engine.real_rows()[-1] < 4  # the last batch was padded...
-    last = engine.batches[-1].reshape(4, -1)
-    assert not last[engine.real_rows()[-1] :].any()  # ...with explicit zero rows
+        assert h.prob(req) == pytest.approx(req.instance, abs=1e-6)
+    assert h.answered == reqs and h.batcher.statistics().depth == 0
 
 
-def test_multiframe_request_gathers_all_frames(fake_manifest, stop_list):
-    batcher, _ = make_batcher(fake_manifest)
-    stop_list.append(batcher)
-    req, done = submit(batcher, [0.2, 0.4, 0.6, 0.8, 0.9], StubPipeline())
-    assert done.wait(5)
-    got = [it.outputs["prob"][0] for it in req.items]
-    assert got == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.9], abs=1e-6)
+def test_multiframe_request_gathers_all_frames(h):
+    req = h.submit([0.2, 0.4, 0.6, 0.8, 0.9])
+    h.settle()
+    assert h.prob(req) == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.9], abs=1e-6)
+    assert h.answered == [req]
 
 
-def test_interactive_goes_before_batch(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, max_wait_s=0.2)
-    stop_list.append(batcher)
-    gate = threading.Event()
-    pipe = StubPipeline()
-    hold = FakeEngineHold(engine, gate)
-    first, _ = submit(batcher, [0.01] * 4, pipe)  # occupies the engine (held)
-    assert hold.entered.wait(5)
-    low = [submit(batcher, [0.3], pipe, Priority.BATCH) for _ in range(4)]
-    time.sleep(0.05)
-    high = [submit(batcher, [0.7], pipe, Priority.INTERACTIVE) for _ in range(4)]
-    time.sleep(0.1)  # all preprocessed and READY before the engine frees up
-    gate.set()
-    for _, d in low + high:
-        assert d.wait(5)
-    second = engine.batches[1].reshape(4, -1).mean(axis=1)
-    assert second == pytest.approx([0.7] * 4)
+def test_interactive_goes_before_earlier_batch_frames(h):
+    low = [h.submit([0.3], Priority.BATCH) for _ in range(4)]
+    h.clock.advance(0.001)
+    high = [h.submit([0.7], Priority.INTERACTIVE) for _ in range(4)]
+    h.settle()
+    first, second = (b.reshape(4, -1).mean(axis=1) for b in h.engine.batches)
+    assert first == pytest.approx([0.7] * 4) and second == pytest.approx([0.3] * 4)
+    assert all(r.error is None for r in low + high)
 
 
-class FakeEngineHold:
-    """Blocks the fake engine's first recorded batch until the gate opens."""
-
-    def __init__(self, engine: FakeEngine, gate: threading.Event) -> None:
-        self.entered = threading.Event()
-        original = engine._run
-
-        def run(batch):
-            if len(engine.batches) == 0:
-                self.entered.set()
-                gate.wait(5)
-            return original(batch)
-
-        engine._run = run
+def test_cancelled_ready_item_is_never_computed_and_frees_its_slot(h):
+    req = h.submit([0.5])
+    assert h.batcher.step(block=False) > 0  # ready, waiting for partners
+    h.batcher.cancel(req, Unavailable("client cancelled", reason="CANCELLED"))
+    assert h.answered == [req] and req.items[0].state == ItemState.CANCELLED
+    assert h.batcher.statistics().depth == 0
+    h.settle()
+    assert h.engine.batches == []
 
 
-def test_cancelled_item_is_never_computed_and_frees_its_slot(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, max_wait_s=0.2)
-    stop_list.append(batcher)
-    pipe = StubPipeline()
-    req, done = submit(batcher, [0.5], pipe)
-    time.sleep(0.02)  # READY, waiting for partners
-    batcher.cancel(req, Unavailable("client cancelled", reason="CANCELLED"))
-    assert done.wait(1)
-    assert req.items[0].state == ItemState.CANCELLED
-    assert batcher.statistics().depth == 0
-    time.sleep(0.3)
-    assert engine.batches == []
+def test_cancel_while_a_worker_writes_frees_the_slot_when_the_worker_reports(h):
+    req = h.admit([0.5])
+    item = req.items[0]
+    assert h.batcher.begin_frame(item)  # the worker has started on it
+    h.batcher.cancel(req, Unavailable("client cancelled", reason="CANCELLED"))
+    assert h.answered == [req]
+    assert h.batcher.statistics().depth == 1  # the worker still owns the slot
+    h.batcher.frame_ready(item, None, 0.1)
+    assert h.batcher.statistics().depth == 0
+    h.settle()
+    assert h.engine.batches == []
 
 
-def test_cancel_while_preprocessing_frees_slot_after_worker(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest)
-    stop_list.append(batcher)
-    pipe = StubPipeline()
-    pipe.gate = threading.Event()
-    req, done = submit(batcher, [0.5], pipe)
-    time.sleep(0.05)
-    batcher.cancel(req, Unavailable("client cancelled", reason="CANCELLED"))
-    assert done.wait(1)
-    assert batcher.statistics().depth == 1  # the worker still owns the slot
-    pipe.gate.set()
-    deadline = time.monotonic() + 2
-    while batcher.statistics().depth and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert batcher.statistics().depth == 0
-    time.sleep(0.05)
-    assert engine.batches == []
+def test_partial_batch_launches_early_enough_to_meet_its_deadline(fake_manifest):
+    h = Harness(fake_manifest, max_wait_s=0.5)
+    h.batcher.batch_s_estimate = 0.01
+    req = h.submit([0.5], deadline_in=0.05)
+    h.settle()
+    item = req.items[0]
+    assert item.state == ItemState.DONE
+    assert item.t_launch <= req.deadline - 0.01 + 1e-9  # not held past the point its batch could finish
 
 
-def test_expired_item_dropped_before_compute(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, max_wait_s=0.5)
-    stop_list.append(batcher)
-    pipe = StubPipeline()
-    # admitted (the estimate is tiny) but the deadline passes while it waits for partners
-    batcher.batch_s_estimate = 0.001
-    req, done = submit(batcher, [0.5], pipe, deadline=time.monotonic() + 0.05)
-    assert done.wait(2)
-    assert req.items[0].state in (ItemState.EXPIRED, ItemState.DONE)
-    if req.items[0].state == ItemState.DONE:  # launched early to meet the deadline: also correct
-        assert req.items[0].t_launch <= req.deadline
-    else:
-        assert engine.batches == []
-    assert batcher.statistics().depth == 0
+def test_ready_frame_past_its_deadline_is_dropped_before_compute(h):
+    req = h.submit([0.2], deadline_in=0.1)
+    h.batcher.pacer.set_duty(0.0)  # thermal pause: nothing launches
+    assert h.batcher.step(block=False) > 0
+    h.clock.advance(0.2)
+    h.batcher.step(block=False)
+    assert isinstance(req.error, DeadlineExceeded) and req.items[0].state == ItemState.EXPIRED
+    assert h.batcher.statistics().depth == 0 and h.engine.batches == []
 
 
-def test_full_inbox_rejects_at_once_and_counts(fake_manifest, stop_list):
-    gate = threading.Event()
-    batcher, engine = make_batcher(fake_manifest, queue_capacity=8)
-    stop_list.append(batcher)
-    FakeEngineHold(engine, gate)
-    pipe = StubPipeline()
-    submit(batcher, [0.1] * 4, pipe)
-    time.sleep(0.05)  # running (held): slots of a running batch are free again
-    submit(batcher, [0.1] * 8, pipe)
-    t0 = time.monotonic()
+def test_admitted_frame_no_worker_started_expires_and_frees_its_slot(h):
+    """A frame admitted but never picked up by a worker (all busy) is answered at its deadline, slot freed."""
+    req = h.admit([0.1, 0.2], Priority.BATCH, deadline_in=0.1)
+    assert h.batcher.statistics().depth == 2
+    h.clock.advance(0.2)
+    h.batcher.step(block=False)
+    assert isinstance(req.error, DeadlineExceeded)
+    assert [i.state for i in req.items] == [ItemState.EXPIRED, ItemState.EXPIRED]
+    assert h.batcher.statistics().depth == 0
+    assert not h.batcher.begin_frame(req.items[0])  # a worker arriving late does not write a freed slot
+
+
+def test_full_inbox_refuses_at_once_and_counts_and_running_batches_free_their_slots(fake_manifest):
+    h = Harness(fake_manifest, engine_cls=Pipelined, queue_capacity=8)
+    h.submit([0.1] * 4)
+    h.batcher.step(block=False)  # launched, still in flight: its slots are free again
+    assert h.engine.log == ["submit"] and h.batcher.statistics().depth == 0
+    h.submit([0.1] * 8)
     with pytest.raises(Overloaded, match="inbox full"):
-        submit(batcher, [0.1], pipe)
-    assert time.monotonic() - t0 < 0.5
-    assert batcher.statistics().rejected == 1
+        h.admit([0.1])
+    assert h.batcher.statistics().rejected == 1
     with pytest.raises(LimitExceeded, match="batcher.queue_capacity"):
-        submit(batcher, [0.1] * 9, pipe)
-    gate.set()
+        h.admit([0.1] * 9)
 
 
-def test_deadline_that_cannot_be_met_is_refused(fake_manifest, stop_list):
-    batcher, _ = make_batcher(fake_manifest)
-    stop_list.append(batcher)
-    batcher.batch_s_estimate = 1.0
+def test_deadline_that_cannot_be_met_is_refused_at_admission(h):
+    h.batcher.batch_s_estimate = 1.0
     with pytest.raises(Overloaded) as e:
-        submit(batcher, [0.1], StubPipeline(), deadline=time.monotonic() + 0.2)
+        h.admit([0.1], deadline_in=0.2)
     assert e.value.reason == "DEADLINE_UNMEETABLE"
+    assert h.batcher.statistics().rejected == 1 and h.batcher.statistics().depth == 0
 
 
-def test_preprocess_failure_fails_only_that_frame(fake_manifest, stop_list):
-    batcher, _ = make_batcher(fake_manifest)
-    stop_list.append(batcher)
-    req, done = submit(batcher, [0.1, 0.2, 0.3], StubPipeline(fail_frames={1}))
-    assert done.wait(5)
-    states = [i.state for i in req.items]
-    assert states == [ItemState.DONE, ItemState.FAILED, ItemState.DONE]
+def test_preprocess_failure_fails_only_that_frame(h):
+    req = h.admit([0.1, 0.2, 0.3])
+    h.decode(req, fail={1})
+    h.settle()
+    assert [i.state for i in req.items] == [ItemState.DONE, ItemState.FAILED, ItemState.DONE]
     assert "Pixel Data" in str(req.error)
 
 
-def test_engine_error_fails_batch_and_keeps_serving(fake_manifest, stop_list):
-    batcher, _ = make_batcher(fake_manifest, engine_opts={"fail_batches": {0}})
-    stop_list.append(batcher)
-    pipe = StubPipeline()
-    bad, d1 = submit(batcher, [0.1] * 4, pipe)
-    assert d1.wait(5)
+def test_engine_error_fails_the_batch_and_keeps_serving(fake_manifest):
+    h = Harness(fake_manifest, engine_opts={"fail_batches": {0}})
+    bad = h.submit([0.1] * 4)
+    h.settle()
     assert isinstance(bad.error, EngineError)
-    good, d2 = submit(batcher, [0.2] * 4, pipe)
-    assert d2.wait(5)
-    assert good.error is None
+    good = h.submit([0.2] * 4)
+    h.settle()
+    assert good.error is None and h.prob(good) == pytest.approx([0.2] * 4)
 
 
-def test_dead_engine_refuses_new_work(fake_manifest, stop_list):
-    dead = threading.Event()
-    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {"dead_after": 0})
-    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=8), on_engine_dead=lambda e: dead.set())
-    stop_list.append(batcher)
-    start_batcher(batcher).wait(5)
-    req, done = submit(batcher, [0.1], StubPipeline())
-    assert done.wait(5) and dead.wait(5)
-    assert isinstance(req.error, EngineDeadError)
+def test_dead_engine_answers_everyone_refuses_new_work_and_tells_the_app(fake_manifest):
+    h = Harness(fake_manifest, engine_opts={"dead_after": 0}, max_wait_s=0.0)
+    a = h.submit([0.1])
+    b = h.admit([0.2])
+    assert h.batcher.begin_frame(b.items[0])  # still being written when the engine dies
+    h.clock.advance(h.batcher.step(block=False))  # a waits up to a batch time for b, known to be coming
+    assert h.batcher.step(block=False) is None  # a runs, the engine dies, the loop ends
+    assert len(h.dead) == 1
+    assert isinstance(a.error, EngineDeadError)
+    assert isinstance(b.error, Unavailable) and b.error.reason == "ENGINE_DEAD"
+    assert set(h.answered) == {a, b}
+    h.batcher.frame_ready(b.items[0], None, 0.1)  # the worker reports late: the slot is freed
+    assert h.batcher.statistics().depth == 0
     with pytest.raises(Unavailable):
-        submit(batcher, [0.1], StubPipeline())
+        h.admit([0.1])
 
 
-def test_sequential_mode_computes_the_same(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, overlap=False)
-    stop_list.append(batcher)
-    req, done = submit(batcher, [0.25, 0.75], StubPipeline())
-    assert done.wait(5)
-    assert [i.outputs["prob"][0] for i in req.items] == pytest.approx([0.25, 0.75])
+def test_a_bug_on_the_engine_thread_is_fatal_and_answers_everyone(fake_manifest):
+    class Exploding(BatchObserver):
+        def on_batch(self, real: int, size: int, engine_s: float) -> None:
+            raise RuntimeError("observer bug")
+
+    h = Harness(fake_manifest, observer=Exploding(), max_wait_s=0.0)
+    req = h.submit([0.1])
+    h.batcher._loop()  # the engine thread's body, run here: returns once the engine is declared dead
+    assert len(h.dead) == 1 and "observer bug" in str(h.dead[0])
+    assert h.answered == [req] and isinstance(req.error, EngineDeadError)
+    with pytest.raises(Unavailable):
+        h.admit([0.1])
 
 
-def test_overlap_prepares_next_batch_while_engine_runs(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, engine_opts={"latency_s": 0.1}, max_wait_s=0.0)
-    stop_list.append(batcher)
-    pipe = StubPipeline(delay_s=0.01)
-    runs: list[tuple[float, float]] = []
-    original = engine._run
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sequential_mode_holds_the_stage_lock_around_the_engine_and_computes_the_same(fake_manifest, overlap):
+    h = Harness(fake_manifest, overlap=overlap)
+    held: list[bool] = []
+    original = h.engine._run
 
-    def timed(batch):
-        t0 = time.monotonic()
-        out = original(batch)
-        runs.append((t0, time.monotonic()))
-        return out
+    def run(batch: np.ndarray) -> dict[str, np.ndarray]:
+        held.append(h.batcher.stage_lock is not None and h.batcher.stage_lock.locked())
+        return original(batch)
 
-    engine._run = timed
-    reqs = [submit(batcher, [0.1] * 4, pipe) for _ in range(3)]
-    for _, d in reqs:
-        assert d.wait(5)
-    first_run = runs[0]
-    overlapped = [c for c in pipe.calls if c[0] >= first_run[0] and c[1] <= first_run[1]]
-    assert overlapped, "no preprocessing happened while the first batch was running"
+    h.engine._run = run
+    req = h.submit([0.25, 0.75])
+    h.settle()
+    assert h.prob(req) == pytest.approx([0.25, 0.75])
+    assert held == [not overlap]
+
+
+def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest):
+    """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
+    batch k's result is collected; rows still come back to their own frames."""
+    h = Harness(fake_manifest, engine_cls=Pipelined, max_wait_s=0.05)
+    reqs = [h.submit([0.05 * (i + 1)]) for i in range(12)]
+    h.settle()
+    for req in reqs:
+        assert h.prob(req) == pytest.approx(req.instance, abs=1e-6)
+    assert h.engine.log[:3] == ["submit", "submit", "result"]
+    assert h.engine.log.count("submit") == h.engine.log.count("result") == len(h.engine.batches) == 3
+
+
+def test_throttled_batcher_fills_batches_from_a_trickle(fake_manifest):
+    h = Harness(fake_manifest, engine_opts={"latency_s": 0.02}, max_wait_s=0.0)
+    reqs = []
+    for duty, rows_min in ((1.0, None), (0.25, 2.0)):
+        h.batcher.pacer.set_duty(duty)
+        before = len(h.engine.batches)
+        for _ in range(12):  # one frame every 10 ms, the loop turning in between
+            reqs.append(h.submit([0.3]))
+            h.batcher.step(block=False)
+            h.clock.advance(0.01)
+        h.settle(max_s=30)
+        rows = h.engine.real_rows()[before:]
+        if rows_min is None:
+            assert np.mean(rows) < 2.0, rows  # unthrottled, max_wait 0: a trickle launches ~1 per batch
+        else:
+            assert np.mean(rows) >= rows_min, rows  # under a 25 % duty the gaps collect partners
+    assert all(r.error is None for r in reqs)
+
+
+def test_fail_pending_answers_queued_work(h):
+    req = h.submit([0.1])
+    h.batcher.pacer.set_duty(0.0)  # thermal stop: nothing launches
+    h.batcher.step(block=False)
+    assert h.batcher.fail_pending(Unavailable("thermal stopped", reason="THERMAL_PAUSE")) == 1
+    assert h.answered == [req] and req.error.reason == "THERMAL_PAUSE"
+    assert h.batcher.statistics().depth == 0
+
+
+def test_step_ends_after_stop_once_nothing_is_unfinished(h):
+    req = h.submit([0.1])
+    h.batcher.stop(timeout_s=0)  # no thread started: only marks the loop as stopping
+    assert h.batcher.step(block=False) == 0.0  # stopping: launches what is ready without waiting
+    assert req.items[0].state == ItemState.DONE
+    assert h.batcher.step(block=False) is None
+
+
+def test_engine_thread_loads_warms_up_and_serves(fake_manifest):
+    """The one threaded case: start() loads and warms the engine on its own thread, then loops."""
+    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {})
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=8))
+    assert not engine.loaded
+    ready = batcher.start(warmup_runs=1)
+    try:
+        assert ready.wait(5) and batcher.start_error is None and engine.loaded
+        done = threading.Event()
+        req = Request("t", "stub", Priority.INTERACTIVE, None, 0.0, n_frames=1, on_done=lambda r: done.set())
+        batcher.reserve(req)
+        assert batcher.begin_frame(req.items[0])
+        batcher.slots[req.items[0].slot][...] = 0.4
+        batcher.frame_ready(req.items[0], None, 0.1)
+        assert done.wait(5)
+        assert req.items[0].outputs["prob"][0] == pytest.approx(0.4)
+        assert engine.batches and batcher.engine_thread_alive
+    finally:
+        batcher.stop(2.0)
+    assert not batcher.engine_thread_alive
 
 
 def test_pacer_gaps_follow_duty():
@@ -286,169 +392,3 @@ def test_pacer_busy_fraction():
     assert pacer.take_busy_fraction() == pytest.approx(0.25)
     clock.advance(1.0)
     assert pacer.take_busy_fraction() == 0.0
-
-
-def test_throttled_batcher_fills_batches(fake_manifest, stop_list):
-    batcher, engine = make_batcher(fake_manifest, engine_opts={"latency_s": 0.02}, max_wait_s=0.0)
-    stop_list.append(batcher)
-    batcher.pacer.set_duty(0.25)
-    pipe = StubPipeline()
-    reqs = []
-    for _ in range(12):
-        reqs.append(submit(batcher, [0.3], pipe))
-        time.sleep(0.01)
-    for _, d in reqs:
-        assert d.wait(10)
-    rows = engine.real_rows()
-    # unthrottled with max_wait 0 this trickle would launch ~1 item per batch
-    assert np.mean(rows) >= 2.0, rows
-
-
-def test_dead_engine_answers_frames_still_in_preprocessing(fake_manifest, stop_list):
-    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {"dead_after": 0})
-    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=8))
-    stop_list.append(batcher)
-    start_batcher(batcher).wait(5)
-    fast, slow_pipe = StubPipeline(), StubPipeline(delay_s=0.3)
-    a, da = submit(batcher, [0.1], fast)
-    b, db = submit(batcher, [0.2], slow_pipe)  # still preprocessing when the engine dies
-    assert da.wait(5) and db.wait(5), "a request admitted before the engine died was never answered"
-    assert isinstance(a.error, EngineDeadError)
-    assert isinstance(b.error, Unavailable) and b.error.reason == "ENGINE_DEAD"
-    time.sleep(0.4)
-    assert batcher.statistics().depth == 0
-
-
-def test_unexpected_engine_thread_failure_is_fatal_and_answers_everyone(fake_manifest, stop_list):
-    from appliance.batching.batcher import BatchObserver
-
-    class Exploding(BatchObserver):
-        def on_batch(self, real, size, engine_s):
-            raise RuntimeError("observer bug")
-
-    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {})
-    dead = threading.Event()
-    batcher = Batcher(
-        engine,
-        BatcherConfig(max_wait_s=0.0, queue_capacity=8),
-        observer=Exploding(),
-        on_engine_dead=lambda e: dead.set(),
-    )
-    stop_list.append(batcher)
-    start_batcher(batcher).wait(5)
-    req, done = submit(batcher, [0.1], StubPipeline())
-    assert dead.wait(5)
-    assert done.wait(5)
-    with pytest.raises(Unavailable):
-        submit(batcher, [0.1], StubPipeline())
-
-
-def test_interactive_is_preprocessed_before_earlier_batch_frames(fake_manifest, stop_list):
-    batcher, _ = make_batcher(fake_manifest, queue_capacity=16)
-    stop_list.append(batcher)
-    pipe = StubPipeline(delay_s=0.02)
-    pipe.gate = threading.Event()
-    order: list[float] = []
-    original = pipe.run
-
-    def run(inst, frame, out):
-        order.append(inst.values[frame])
-        return original(inst, frame, out)
-
-    pipe.run = run
-    series, d1 = submit(batcher, [0.3] * 12, pipe, Priority.BATCH)
-    time.sleep(0.05)  # the feeder holds the first BATCH frame at the gate
-    click, d2 = submit(batcher, [0.9], pipe, Priority.INTERACTIVE)
-    pipe.gate.set()
-    assert d1.wait(10) and d2.wait(10)
-    assert order.index(0.9) <= 1, order  # right after the frame that was already in the worker
-
-
-def test_expired_frame_is_deadline_exceeded(fake_manifest, stop_list):
-    from appliance.errors import DeadlineExceeded
-
-    gate = threading.Event()
-    batcher, engine = make_batcher(fake_manifest, max_wait_s=0.0)
-    stop_list.append(batcher)
-    hold = FakeEngineHold(engine, gate)
-    submit(batcher, [0.1] * 4, StubPipeline())
-    assert hold.entered.wait(5)
-    batcher.batch_s_estimate = 0.001
-    late, done = submit(batcher, [0.2], StubPipeline(), deadline=time.monotonic() + 0.1)
-    time.sleep(0.2)
-    gate.set()
-    assert done.wait(5)
-    assert isinstance(late.error, DeadlineExceeded)
-
-
-def test_fail_pending_answers_queued_work(fake_manifest, stop_list):
-    batcher, _ = make_batcher(fake_manifest, max_wait_s=10.0)
-    stop_list.append(batcher)
-    batcher.pacer.set_duty(0.0)  # thermal stop: nothing launches
-    req, done = submit(batcher, [0.1], StubPipeline())
-    time.sleep(0.05)
-    assert batcher.fail_pending(Unavailable("thermal stopped", reason="THERMAL_PAUSE")) == 1
-    assert done.wait(2) and req.error.reason == "THERMAL_PAUSE"
-    assert batcher.statistics().depth == 0
-
-
-def test_admitted_frame_no_worker_started_expires_and_frees_its_slot(fake_manifest, stop_list):
-    """A frame admitted but never picked up by a worker (all busy) is answered at its deadline, slot freed."""
-    from appliance.errors import DeadlineExceeded
-
-    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {})
-    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=8))
-    stop_list.append(batcher)
-    batcher.start(warmup_runs=1).wait(5)  # no feeder: nothing ever preprocesses
-    batcher.batch_s_estimate = 0.001
-    done = threading.Event()
-    req = Request("late", "stub", Priority.BATCH, time.monotonic() + 0.1, time.monotonic(), n_frames=2,
-                  on_done=lambda r: done.set())
-    batcher.reserve(req)
-    assert batcher.statistics().depth == 2
-    assert done.wait(2)
-    assert isinstance(req.error, DeadlineExceeded)
-    assert [i.state for i in req.items] == [ItemState.EXPIRED, ItemState.EXPIRED]
-    assert batcher.statistics().depth == 0
-    assert not batcher.begin_frame(req.items[0])  # a worker arriving late does not write a freed slot
-
-
-def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest, stop_list):
-    """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
-    batch k's result is collected; rows still come back to their own frames."""
-    import collections
-
-    class Pipelined(FakeEngine):
-        max_in_flight = 2
-
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.log: list[str] = []
-            self._queue = collections.deque()
-
-        def submit(self, batch):
-            ticket = object()
-            self._queue.append((ticket, batch.copy()))
-            self.log.append("submit")
-            return ticket
-
-        def result(self, ticket):
-            t, batch = self._queue.popleft()
-            assert t is ticket  # oldest first
-            self.log.append("result")
-            return self.run(batch)
-
-    engine = Pipelined(fake_manifest, fake_manifest.artifact(), {})
-    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.05, queue_capacity=16))
-    stop_list.append(batcher)
-    gate = threading.Event()
-    pipe = StubPipeline()
-    pipe.gate = gate
-    start_batcher(batcher).wait(5)
-    reqs = [submit(batcher, [0.05 * (i + 1)], pipe) for i in range(12)]
-    gate.set()
-    for req, done in reqs:
-        assert done.wait(5)
-        assert req.items[0].outputs["prob"][0] == pytest.approx(req.instance.values[0], abs=1e-6)
-    assert engine.log.count("submit") == engine.log.count("result") == len(engine.batches)
-    assert "submit" in engine.log[engine.log.index("submit") + 1 : engine.log.index("result")], engine.log

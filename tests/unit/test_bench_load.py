@@ -24,7 +24,7 @@ from appliance.serving.notify import RecordingNotifier
 from appliance.tools import benchcost as bc
 from appliance.tools import loadgen, synthetic
 from appliance.tools.bench import main as bench_main
-from tests.conftest import RunningApp, fake_config
+from tests.support import RunningApp, fake_config
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from appliance.serving.metrics import Metrics
-from tests.conftest import REPO
+from tests.support import REPO
 
 DASHBOARD = REPO / "docs" / "grafana" / "edge-appliance.json"
 SCRAPE_CONFIG = REPO / "docs" / "prometheus" / "prometheus.yml"

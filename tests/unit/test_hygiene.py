@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import appliance
-from tests.conftest import REPO
+from tests.support import REPO
 
 # modules whose import needs a build-only extra (torch) are checked only when it is installed
 BUILD_ONLY = {"appliance.modelbuild.train", "appliance.modelbuild.net"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 grpc_tools = pytest.importorskip("grpc_tools.protoc")
 

@@ -1,0 +1,56 @@
+"""The worker pool's queue, without worker processes: INTERACTIVE first, cancelled and expired jobs skipped."""
+
+from __future__ import annotations
+
+import threading
+
+from appliance.batching.work import Priority, Request
+from appliance.clock import ManualClock
+from appliance.config import WorkersConfig
+from appliance.errors import ApplianceError, DeadlineExceeded
+from appliance.workers.pool import Job, WorkerPool
+
+
+def _job(name: str, priority: Priority, deadline: float | None = None,
+         failed: dict[str, ApplianceError] | None = None, done: threading.Event | None = None) -> Job:
+    req = Request(name, "stub", priority, deadline, 0.0)  # n_frames 0: not parsed yet
+
+    def fail(error: ApplianceError) -> None:
+        if failed is not None:
+            failed[name] = error
+        if done is not None:
+            done.set()
+
+    return Job(req, b"", "stub", admit=lambda n, uid: [], fail=fail)
+
+
+def _pool(clock: ManualClock) -> WorkerPool:
+    # never started: no supervisor threads, no processes; _next_job is what each supervisor calls
+    return WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=None, clock=clock)  # type: ignore[arg-type]
+
+
+def test_interactive_jobs_are_taken_before_earlier_batch_jobs_oldest_first() -> None:
+    pool = _pool(ManualClock())
+    for job in (_job("b1", Priority.BATCH), _job("b2", Priority.BATCH), _job("i1", Priority.INTERACTIVE),
+                _job("i2", Priority.INTERACTIVE)):
+        pool.submit(job)
+    order = [pool._next_job().request.request_id for _ in range(4)]
+    assert order == ["i1", "i2", "b1", "b2"]
+    assert pool.statistics().busy == 4 and pool.statistics().queued == 0
+
+
+def test_cancelled_and_expired_jobs_are_skipped_and_the_expired_one_answered() -> None:
+    clock = ManualClock(10.0)
+    pool = _pool(clock)
+    failed: dict[str, ApplianceError] = {}
+    answered = threading.Event()
+    cancelled = _job("c", Priority.INTERACTIVE)
+    pool.submit(cancelled)
+    pool.submit(_job("late", Priority.INTERACTIVE, deadline=10.5, failed=failed, done=answered))
+    pool.submit(_job("ok", Priority.BATCH))
+    pool.cancel(cancelled)
+    clock.advance(1.0)
+    assert pool._next_job().request.request_id == "ok"
+    assert answered.wait(5)
+    assert isinstance(failed["late"], DeadlineExceeded)
+    assert pool.unadmitted() == 1  # "ok" is being parsed: nothing admitted for it yet

@@ -121,6 +121,7 @@ class Batcher(Inbox):
             stopping=self._stopping,
             coming=self._coming(),
             coming_wait_s=math.inf if self.stage_lock is not None else min(b, 0.25),
+            arrival_rate=self._arrival_rate(now),
         )
         if decision.launch is None:
             return None, decision.wait_s

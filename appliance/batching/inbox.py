@@ -44,6 +44,9 @@ __all__ = ["BatchObserver", "Inbox", "QueueStats"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds of admissions the arrival rate (read by the launch policy) is measured over.
+ARRIVAL_WINDOW_S = 1.0
+
 
 @dataclass(frozen=True)
 class QueueStats:
@@ -121,6 +124,8 @@ class Inbox:
         self._peak = 0
         self._rejected = 0
         self._unfinished = 0  # admitted frames not yet finished (running ones included)
+        self._arrivals: collections.deque[tuple[float, int]] = collections.deque()  # (time, frames) admitted
+        self._arrived = 0  # frames in _arrivals
 
     @property
     def slots(self) -> np.ndarray:
@@ -185,8 +190,16 @@ class Inbox:
             for item in request.items:
                 item.slot = self._free.popleft()
             self._unfinished += n
+            self._arrivals.append((now, n))
+            self._arrived += n
             self._requests.add(request)
             self._peak = max(self._peak, cap - len(self._free))
+
+    def _arrival_rate(self, now: float) -> float:
+        """Frames admitted per second over the last :data:`ARRIVAL_WINDOW_S`. Called under the lock."""
+        while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrived -= self._arrivals.popleft()[1]
+        return self._arrived / ARRIVAL_WINDOW_S
 
     def count_rejection(self, reason: str) -> None:
         """Count an admission refused before it reached the inbox (e.g. the worker queue was full)."""

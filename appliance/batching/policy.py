@@ -2,7 +2,9 @@
 
 NOTE (launch rule): launch when B frames are ready, or when the oldest ready frame has waited ``max_wait`` --
 or, while more frames are known to be coming (admitted and decoding, or being parsed), up to about one batch
-time, since a padded row costs the same engine time as a real one.
+time, since a padded row costs the same engine time as a real one. When nothing is coming and frames arrive so
+rarely that fewer than :data:`FEW_ARRIVALS` would be expected within ``max_wait`` (a lone client, an idle box),
+a partial batch launches at once: waiting would only add latency.
 INTERACTIVE frames are taken before BATCH frames, oldest first within a class. Under a thermal duty u < 1 the
 pacer leaves gaps of about b(1-u)/u between batches, and the wait for partners grows by that gap (a padded slot
 burns the same power as a real one) -- but never past the point where the earliest deadline could still be met.
@@ -13,11 +15,15 @@ No clock, no lock, no I/O: the batcher calls :func:`choose` under its lock, and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Decision", "Ready", "choose"]
+__all__ = ["FEW_ARRIVALS", "Decision", "Ready", "choose"]
+
+#: Expected arrivals within ``max_wait`` below which a partial batch with nothing coming does not wait.
+FEW_ARRIVALS = 0.1
 
 
 class Ready(Protocol):
@@ -59,6 +65,7 @@ def choose(
     stopping: bool = False,
     coming: int = 0,
     coming_wait_s: float = 0.0,
+    arrival_rate: float = math.inf,
 ) -> Decision:
     """Decide the next launch.
 
@@ -75,6 +82,7 @@ def choose(
         coming_wait_s: how long a partial batch may wait for them (about one batch time with overlap, so the
             engine does not spend whole batches on padding; unbounded in sequential mode, where decoding and
             inference never overlap). Never past a deadline.
+        arrival_rate: frames admitted per second lately (inf: unknown, so always allow ``max_wait``).
     """
     if not ready:
         return Decision(None, 0.1)
@@ -86,12 +94,14 @@ def choose(
         return Decision(tuple(order[:batch_size]), 0.0)
     oldest = min(t_ready)
     max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
+    if coming == 0 and pace_gap_s == 0.0 and arrival_rate * max_wait_s < FEW_ARRIVALS:
+        max_wait = 0.0  # no partner is on its way or likely to arrive: waiting only adds latency
     if coming > 0:
         max_wait = max(max_wait, coming_wait_s)
     deadlines = [r.deadline for r in ready if r.deadline is not None]
     if deadlines:  # never hold a frame past the point where its batch could still finish in time
         max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - oldest))
     waited = now - oldest
-    if waited >= max_wait or stopping:
+    if waited >= max_wait - 1e-9 or stopping:  # 1 ns of slack: float time must not wait forever for 1e-17 s
         return Decision(tuple(order), 0.0)
     return Decision(None, min(max_wait - waited, 0.1) if coming > 0 else max_wait - waited)

@@ -148,6 +148,20 @@ def test_multiframe_request_gathers_all_frames(h):
     assert h.answered == [req]
 
 
+def test_a_lone_frame_on_a_quiet_box_launches_at_once_but_waits_for_partners_when_busy(fake_manifest):
+    h = Harness(fake_manifest, max_wait_s=0.005)
+    lone = h.submit([0.5])  # 1 frame/s x 5 ms: a partner is unlikely, waiting would only add latency
+    assert h.batcher.step(block=False) == 0.0 and lone.items[0].state == ItemState.DONE
+    for _ in range(30):  # 30 frames in the last second: about 0.15 expected within 5 ms
+        h.submit([0.1] * 4)
+        h.batcher.step(block=False)
+        h.clock.advance(0.02)
+    busy = h.submit([0.5])
+    assert h.batcher.step(block=False) == pytest.approx(0.005)
+    h.settle()
+    assert busy.items[0].state == ItemState.DONE
+
+
 def test_interactive_goes_before_earlier_batch_frames(h):
     low = [h.submit([0.3], Priority.BATCH) for _ in range(4)]
     h.clock.advance(0.001)
@@ -158,7 +172,8 @@ def test_interactive_goes_before_earlier_batch_frames(h):
     assert all(r.error is None for r in low + high)
 
 
-def test_cancelled_ready_item_is_never_computed_and_frees_its_slot(h):
+def test_cancelled_ready_item_is_never_computed_and_frees_its_slot(fake_manifest):
+    h = Harness(fake_manifest, max_wait_s=0.2)  # one arrival per second x 0.2 s: worth waiting for a partner
     req = h.submit([0.5])
     assert h.batcher.step(block=False) > 0  # ready, waiting for partners
     h.batcher.cancel(req, Unavailable("client cancelled", reason="CANCELLED"))

@@ -48,6 +48,14 @@ CASES = [
      Decision((0,), 0.0)),
     ("nothing coming: max_wait only", [F(BATCH, 0.99)], 1.0, {"coming": 0, "coming_wait_s": 0.05},
      Decision((0,), 0.0)),
+    ("nothing coming, arrivals rare: no wait", [F(BATCH, 0.999)], 1.0, {"arrival_rate": 16.0},
+     Decision((0,), 0.0)),
+    ("nothing coming, arrivals frequent: max_wait", [F(BATCH, 0.999)], 1.0, {"arrival_rate": 40.0},
+     Decision(None, 0.004)),
+    ("frames coming: wait even if arrivals rare", [F(BATCH, 0.99)], 1.0,
+     {"coming": 1, "coming_wait_s": 0.05, "arrival_rate": 1.0}, Decision(None, 0.04)),
+    ("throttled: wait for partners even if arrivals rare", [F(BATCH, 0.9)], 1.0,
+     {"pace_gap_s": 0.2, "arrival_rate": 1.0}, Decision(None, 0.105)),
 ]
 
 

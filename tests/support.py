@@ -4,6 +4,7 @@ config for the fake engine, and an App served on loopback from its own event-loo
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import threading
 from pathlib import Path
 
@@ -106,3 +107,53 @@ def fake_config(models_dir: Path, **sections):  # noqa: ANN003, ANN201
     for key, values in sections.items():
         overrides.setdefault(key, {}).update(values)
     return load_config(None, overrides)
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fake_daemon_config(tmp: Path, listen: list[str], *, server: str = "", engine: str = "",
+                       metrics: str = "127.0.0.1:0", name: str = "appliance.toml") -> Path:
+    """Write ``tmp/<name>`` for ``appliance serve`` on the fake engine and a fake ``ct-nodule`` model under
+    ``tmp/models`` (B=4, 1x256x256), the real pipelines, no thermal sensor. ``server`` and ``engine`` are extra
+    TOML lines for those sections."""
+    import json
+
+    models = tmp / "models"
+    if not (models / "ct-nodule" / "model.toml").exists():
+        write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    cfg = tmp / name
+    cfg.write_text(f"""
+[server]
+listen = {json.dumps(listen)}
+{server}
+[model]
+models_dir = "{models}"
+pipelines_dir = "{REPO / "pipelines"}"
+[engine]
+backend = "fake"
+warmup_runs = 1
+{engine}
+[thermal]
+sensor = "none"
+[metrics]
+listen = "{metrics}"
+""")
+    return cfg
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+    """SIGTERM ``proc`` and wait; SIGKILL it if it has not exited within ``timeout_s``. Returns its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(10)

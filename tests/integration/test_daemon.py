@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,38 +17,12 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import FakeNotifySocket
 from appliance.tools import synthetic
-from tests.support import REPO, write_fake_model
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import fake_daemon_config, free_port
 
 
 def _config(tmp_path: Path, port: int, engine_options: str = "") -> Path:
-    models = tmp_path / "models"
-    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    cfg = tmp_path / "appliance.toml"
-    cfg.write_text(
-        f"""
-[server]
-listen = ["127.0.0.1:{port}", "unix:{tmp_path}/grpc.sock"]
-grace_s = 5.0
-[model]
-models_dir = "{models}"
-pipelines_dir = "{REPO / "pipelines"}"
-[engine]
-backend = "fake"
-warmup_runs = 1
-options = {{ {engine_options} }}
-[thermal]
-sensor = "none"
-[metrics]
-listen = "127.0.0.1:0"
-"""
-    )
-    return cfg
+    return fake_daemon_config(tmp_path, [f"127.0.0.1:{port}", f"unix:{tmp_path}/grpc.sock"], server="grace_s = 5.0",
+                              engine=f"options = {{ {engine_options} }}")
 
 
 def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) -> subprocess.Popen[bytes]:
@@ -64,7 +37,7 @@ def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) ->
 
 
 def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
-    port = _port()
+    port = free_port()
     with FakeNotifySocket() as notify:
         proc = _start(_config(tmp_path, port), notify)
         try:
@@ -93,7 +66,7 @@ def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
 
 
 def test_hung_engine_stops_the_watchdog(tmp_path: Path) -> None:
-    port = _port()
+    port = free_port()
     with FakeNotifySocket() as notify:
         proc = _start(_config(tmp_path, port, engine_options="hang_after = 0"), notify)
         try:
@@ -135,7 +108,7 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(tmp_path: Path) ->
 
     from appliance.tools.chaos import fault_case
 
-    port = _port()
+    port = free_port()
     cfg = _config(tmp_path, port, engine_options="latency_s = 0.05")
     text = cfg.read_text().replace("grace_s = 5.0", "grace_s = 3.0")
     cfg.write_text(text + "[workers]\nstep_timeout_s = 30.0\n")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,34 +18,14 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import FakeNotifySocket
 from appliance.tools import synthetic
-from tests.support import REPO, write_fake_model
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import REPO, fake_daemon_config, free_port
 
 
 @pytest.fixture(scope="module")
 def journaled(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("journal")
-    write_fake_model(tmp / "models", batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    port = _port()
-    cfg = tmp / "appliance.toml"
-    cfg.write_text(f"""
-[server]
-listen = ["127.0.0.1:{port}"]
-grace_s = 2.0
-[model]
-models_dir = "{tmp / "models"}"
-pipelines_dir = "{REPO / "pipelines"}"
-[engine]
-backend = "fake"
-warmup_runs = 1
-[thermal]
-sensor = "none"
-""")
+    port = free_port()
+    cfg = fake_daemon_config(tmp, [f"127.0.0.1:{port}"], server="grace_s = 2.0")
     with FakeJournal() as journal, FakeNotifySocket() as notify:
         env = {
             **os.environ,

@@ -13,7 +13,6 @@ import io
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -30,7 +29,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import FakeNotifySocket
 from appliance.tools import synthetic
-from tests.support import REPO, write_fake_model
+from tests.support import REPO, fake_daemon_config, free_port
 
 PHI = {
     "PatientName": "QQPHIDOE^ALICIA^MARIE",
@@ -41,12 +40,6 @@ PHI = {
 }
 #: Fragments that must not appear either (a name split at ^, the date reformatted).
 FRAGMENTS = ["QQPHIDOE", "ALICIA", "QQMRN", "90210-77", "19470321", "1947-03-21", "QQACC", "778899", "Saint Example"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _dataset(seed: int = 3, syntax: str = pydicom.uid.ExplicitVRLittleEndian) -> Dataset:
@@ -138,24 +131,9 @@ def _leaks(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("phi")
-    write_fake_model(tmp / "models", batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    port, metrics = _port(), _port()
-    cfg = tmp / "appliance.toml"
-    cfg.write_text(f"""
-[server]
-listen = ["127.0.0.1:{port}", "unix:{tmp}/run/grpc.sock"]
-grace_s = 2.0
-[model]
-models_dir = "{tmp / "models"}"
-pipelines_dir = "{REPO / "pipelines"}"
-[engine]
-backend = "fake"
-warmup_runs = 1
-[thermal]
-sensor = "none"
-[metrics]
-listen = "127.0.0.1:{metrics}"
-""")
+    port, metrics = free_port(), free_port()
+    cfg = fake_daemon_config(tmp, [f"127.0.0.1:{port}", f"unix:{tmp}/run/grpc.sock"], server="grace_s = 2.0",
+                             metrics=f"127.0.0.1:{metrics}")
     stderr = open(tmp / "stderr.log", "wb")  # noqa: SIM115 - closed below
     with FakeNotifySocket() as notify:
         env = {**os.environ, "NOTIFY_SOCKET": notify.address, "PYTHONPATH": str(REPO)}

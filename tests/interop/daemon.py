@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,40 +13,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support import REPO, write_fake_model
+from tests.support import fake_daemon_config, free_port, stop_process
 
 __all__ = ["appliance_serve"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def appliance_serve(tmp: Path, timeout_s: float = 60.0) -> Iterator[str]:
     """Start the daemon in ``tmp``, wait for SERVING, yield its gRPC address, then SIGTERM it."""
-    models = tmp / "models"
-    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    port = _free_port()
-    cfg = tmp / "appliance.toml"
-    cfg.write_text(
-        f"""
-[server]
-listen = ["127.0.0.1:{port}"]
-[model]
-models_dir = "{models}"
-pipelines_dir = "{REPO / "pipelines"}"
-[engine]
-backend = "fake"
-warmup_runs = 1
-[thermal]
-sensor = "none"
-[metrics]
-listen = "127.0.0.1:0"
-"""
-    )
+    port = free_port()
+    cfg = fake_daemon_config(tmp, [f"127.0.0.1:{port}"])
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
     log_path = tmp / "daemon.log"
     with log_path.open("wb") as log:
@@ -76,9 +51,4 @@ listen = "127.0.0.1:0"
                 time.sleep(0.1)
         yield target
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)

@@ -120,7 +120,15 @@ def free_port() -> int:
 
 def fake_daemon_config(tmp: Path, listen: list[str], *, server: str = "", engine: str = "",
                        metrics: str = "127.0.0.1:0", name: str = "appliance.toml") -> Path:
-    """Write ``tmp/<name>`` for ``appliance serve`` on the fake engine and a fake ``ct-nodule`` model under
+    """Write :func:`fake_daemon_toml` to ``tmp/<name>`` and return its path."""
+    cfg = tmp / name
+    cfg.write_text(fake_daemon_toml(tmp, listen, server=server, engine=engine, metrics=metrics))
+    return cfg
+
+
+def fake_daemon_toml(tmp: Path, listen: list[str], *, server: str = "", engine: str = "",
+                     metrics: str = "127.0.0.1:0") -> str:
+    """TOML for ``appliance serve`` on the fake engine and a fake ``ct-nodule`` model written under
     ``tmp/models`` (B=4, 1x256x256), the real pipelines, no thermal sensor. ``server`` and ``engine`` are extra
     TOML lines for those sections."""
     import json
@@ -128,8 +136,7 @@ def fake_daemon_config(tmp: Path, listen: list[str], *, server: str = "", engine
     models = tmp / "models"
     if not (models / "ct-nodule" / "model.toml").exists():
         write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    cfg = tmp / name
-    cfg.write_text(f"""
+    return f"""
 [server]
 listen = {json.dumps(listen)}
 {server}
@@ -144,8 +151,7 @@ warmup_runs = 1
 sensor = "none"
 [metrics]
 listen = "{metrics}"
-""")
-    return cfg
+"""
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:

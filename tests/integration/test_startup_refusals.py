@@ -17,67 +17,50 @@ from pathlib import Path
 import pytest
 
 from appliance.serving.notify import FakeNotifySocket
-from tests.support import REPO, write_fake_model
+from tests.support import REPO, fake_daemon_toml, free_port
 
 EX_CONFIG = 78
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _base(tmp_path: Path, server: str = "", extra: str = "") -> str:
-    models = tmp_path / "models"
-    if not models.exists():
-        write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
-    sock_dir = tmp_path / "run"
-    server = server or f'listen = ["127.0.0.1:{_free_port()}", "unix:{sock_dir}/grpc.sock"]'
-    return f"""
-[server]
-{server}
-[model]
-models_dir = "{models}"
-pipelines_dir = "{REPO / "pipelines"}"
-[engine]
-backend = "fake"
-warmup_runs = 1
-[thermal]
-sensor = "none"
-{extra}
-"""
+def _base(tmp_path: Path, listen: list[str] | None = None) -> str:
+    listen = listen or [f"127.0.0.1:{free_port()}", f"unix:{tmp_path / 'run'}/grpc.sock"]
+    return fake_daemon_toml(tmp_path, listen)
 
 
 def _with(section: str, line: str) -> Callable[[Path], str]:
-    """A config whose [section] gets one more line (appended as a second table is not allowed: merge)."""
+    """A config whose [section] gets ``line`` (a second table is not allowed: merge; a key already there is replaced)."""
 
     def make(tmp_path: Path) -> str:
         text = _base(tmp_path)
         header = f"[{section}]\n"
-        if header in text:
-            return text.replace(header, header + line + "\n", 1)
-        return text + f"\n{header}{line}\n"
+        if header not in text:
+            return text + f"\n{header}{line}\n"
+        head, body = text.split(header, 1)
+        section_end = body.find("\n[")
+        own, rest = (body, "") if section_end < 0 else (body[:section_end], body[section_end:])
+        key = line.split("=", 1)[0].strip()
+        kept = [x for x in own.split("\n") if x.split("=", 1)[0].strip() != key]
+        return head + header + line + "\n" + "\n".join(kept) + rest
 
     return make
 
 
 def _listen(address: str) -> Callable[[Path], str]:
-    return lambda tmp_path: _base(tmp_path, server=f'listen = ["{address}"]')
+    return lambda tmp_path: _base(tmp_path, [f"{address}"])
 
 
 def _socket_dir_world_writable(tmp_path: Path) -> str:
     d = tmp_path / "shared"
     d.mkdir()
     os.chmod(d, 0o777)
-    return _base(tmp_path, server=f'listen = ["unix:{d}/grpc.sock"]')
+    return _base(tmp_path, [f"unix:{d}/grpc.sock"])
 
 
 def _socket_dir_not_ours(tmp_path: Path) -> str:
     d = tmp_path / "theirs"
     d.mkdir(mode=0o750)
     os.chown(d, 65534, 65534)
-    return _base(tmp_path, server=f'listen = ["unix:{d}/grpc.sock"]')
+    return _base(tmp_path, [f"unix:{d}/grpc.sock"])
 
 
 def _port_in_use(key: str) -> Callable[[Path], str]:
@@ -89,7 +72,7 @@ def _port_in_use(key: str) -> Callable[[Path], str]:
         port = holder.getsockname()[1]
         if key == "metrics.listen":
             return _with("metrics", f'listen = "127.0.0.1:{port}"')(tmp_path)
-        return _base(tmp_path, server=f'listen = ["127.0.0.1:{port}"]')
+        return _base(tmp_path, [f"127.0.0.1:{port}"])
 
     return make
 

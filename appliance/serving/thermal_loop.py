@@ -1,0 +1,112 @@
+"""The daemon's thermal loop: once per period, sample the sensor, set the pacer's duty, export, follow with health.
+
+The governor itself is pure (``appliance.thermal.governor``); this is where its duty meets the running
+service. It is built from ``[thermal]`` by :func:`build_thermal`, runs as one asyncio task, and is a stage that
+liveness follows (:attr:`ThermalLoop.tick`): a dead loop paces at the commissioned blind duty and makes the
+service NOT_SERVING (docs/robustness.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from appliance.batching.batcher import Batcher, Pacer
+from appliance.clock import Clock
+from appliance.config import ThermalSection
+from appliance.errors import ConfigError, Unavailable
+from appliance.governor import Governor, ThermalConfig
+from appliance.serving.health import HealthState, ServiceState
+from appliance.serving.metrics import Metrics
+from appliance.thermal.control import HealthAction, ThermalController, health_action
+from appliance.thermal.source import make_thermometer
+
+__all__ = ["ThermalLoop", "build_thermal"]
+
+log = logging.getLogger(__name__)
+
+
+def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:
+    """Build the thermometer + governor + controller from ``[thermal]``; errors name the key.
+
+    With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".
+    """
+    try:
+        governor_config = ThermalConfig(**section.governor)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config key thermal.governor: {e}") from e
+    try:
+        thermometer = make_thermometer(section.sensor, clock=clock, **section.sim)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config key thermal.sim: {e}") from e
+    return ThermalController(
+        thermometer,
+        Governor(governor_config),
+        clock=clock,
+        busy_source=busy,
+        require_sensor=gpu_engine and section.sensor != "none",
+    )
+
+
+class ThermalLoop:
+    """Drives one :class:`ThermalController` for the daemon; :meth:`run` is its task."""
+
+    def __init__(self, controller: ThermalController, *, pacer: Pacer, batcher: Batcher, metrics: Metrics,
+                 clock: Clock, period_s: float) -> None:
+        self.controller = controller
+        self.pacer = pacer
+        self.batcher = batcher
+        self.metrics = metrics
+        self.clock = clock
+        self.period_s = period_s
+        self.stopped = False  # the GPU was lost: terminal until systemd restarts us
+        self.tick = clock.monotonic()  # last time a period completed (liveness follows it)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="thermal")
+
+    async def run(self, health: HealthState) -> None:
+        """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.
+
+        STOPPED (GPU lost) is terminal: queued work is answered UNAVAILABLE and the watchdog stops, so
+        systemd restarts the service. EMERGENCY is temporary: queued work is answered, NOT_SERVING until the
+        governor recovers.
+        """
+        loop = asyncio.get_running_loop()
+        thermal = self.controller
+        while True:
+            if thermal.enabled:
+                await loop.run_in_executor(self._executor, thermal.tick_safely)
+            snap = thermal.snapshot()
+            self.pacer.set_duty(thermal.duty)
+            self.metrics.observe_thermal(snap)
+            action, reason = health_action(snap)
+            await health.follow_thermal(action, reason)
+            if action in (HealthAction.PAUSE, HealthAction.STOP):
+                if action is HealthAction.STOP and not self.stopped:
+                    self.stopped = True
+                    log.critical("GPU lost: dispatch stopped; the watchdog will let systemd restart the service")
+                pause = Unavailable(f"thermal {snap.state.lower()}: dispatch paused", reason="THERMAL_PAUSE")
+                self.batcher.fail_pending(pause)
+            queue = self.batcher.statistics()
+            self.metrics.queue_depth.set(queue.depth)
+            self.metrics.queue_capacity.set(queue.capacity)
+            self.metrics.up.set(1 if health.state == ServiceState.SERVING else 0)
+            self.tick = self.clock.monotonic()
+            await asyncio.sleep(self.period_s if snap.enabled else max(self.period_s, 1.0))
+
+    def died(self, task: asyncio.Task[None], health: HealthState | None) -> None:
+        """A dead thermal loop is a fault: pace at the safe blind duty, NOT_SERVING (docs/robustness.md)."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        log.critical("thermal loop died: %r; pacing at the blind duty", error)
+        thermal = self.controller
+        self.pacer.set_duty(thermal.governor.config.blind_duty if thermal.enabled else 1.0)
+        if health is not None:
+            asyncio.ensure_future(health.set_not_serving(f"thermal loop died: {type(error).__name__}"))
+
+    def close(self) -> None:
+        """Close the sensor and the sampling thread."""
+        self.controller.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,6 +1,6 @@
 # edge-appliance: the README's two commands live here.
 #   make run   - fresh machine -> .venv with the CPU extra -> `appliance serve` (bundled model, ORT on CPU)
-#   make test  - same set-up plus the dev extra -> the whole test suite
+#   make test  - same set-up plus the dev extra -> mypy --strict on appliance/ ([tool.mypy]) -> the whole test suite
 #   make bench - the standard side-by-side benchmark (appliance vs a tuned Triton peer): bench.json + PNGs
 PYTHON ?= python3
 VENV   ?= .venv
@@ -29,6 +29,7 @@ run: setup
 	$(BIN)/appliance serve $(ARGS)
 
 test: setup-dev
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest $(ARGS)
 
 # The Triton peer's own venv (PyTriton + the same onnxruntime and decoders), outside the runtime deps.

@@ -135,7 +135,8 @@ def _health(args: argparse.Namespace) -> int:
             except grpc.FutureTimeoutError:
                 print(f"EDGE-APPLIANCE CRITICAL: {args.target} unreachable within {args.timeout:g} s")
                 return CRITICAL
-            health = health_pb2_grpc.HealthStub(channel)
+            # types-grpcio-health-checking declares HealthStub without its methods (Check, Watch)
+            health: Any = health_pb2_grpc.HealthStub(channel)
             check = health.Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference"), timeout=args.timeout)
             status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=args.timeout)
     except grpc.RpcError as e:
@@ -228,7 +229,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     from appliance.dicom import decoder_report
     from appliance.engines import _load_class, backend_report
 
-    engines = {}
+    engines: dict[str, dict[str, Any]] = {}
     for name, why in backend_report().items():
         if name == "fake":
             continue
@@ -341,7 +342,7 @@ def _parser() -> _Parser:
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("health", help="Nagios-style health check (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN)")
-    p.error_code = UNKNOWN  # type: ignore[attr-defined]
+    p.error_code = UNKNOWN
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"daemon address (default {DEFAULT_TARGET})")
     p.add_argument("--json", action="store_true", help="print the full status as JSON")
     p.add_argument("--timeout", type=_positive_seconds, default=2.0, help="seconds per call")

@@ -42,6 +42,8 @@ class Engine(abc.ABC):
     #: ``[engine.options]`` keys this backend reads from the config file, name -> meaning. Any other key in
     #: the file is a config error (appliance.config). Test-only objects (clocks, events) are not listed.
     OPTIONS: ClassVar[dict[str, str]] = {}
+    #: The default :meth:`submit`'s finished batches, ticket -> outputs (created on first use).
+    _pending_results: dict[object, dict[str, np.ndarray]]
 
     def __init__(self, manifest: Manifest, artifact: Artifact, options: EngineOptions | None = None) -> None:
         self.manifest = manifest
@@ -88,7 +90,7 @@ class Engine(abc.ABC):
 
     def submit(self, batch: np.ndarray) -> Any:
         """Start one batch; return a ticket for :meth:`result` (default: runs it now)."""
-        pending = getattr(self, "_pending_results", None)
+        pending: dict[object, dict[str, np.ndarray]] | None = getattr(self, "_pending_results", None)
         if pending is None:
             pending = self._pending_results = {}
         if len(pending) >= self.max_in_flight:

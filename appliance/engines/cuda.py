@@ -20,11 +20,14 @@ __all__ = ["CudaError", "DeviceInfo", "check", "import_cudart", "probe_device"]
 
 
 class CudaError(EngineError):
-    """A CUDA runtime call failed; ``code`` is the error's name, e.g. ``cudaErrorInsufficientDriver``."""
+    """A CUDA runtime call failed; ``cuda_error`` is the error's name, e.g. ``cudaErrorInsufficientDriver``.
+
+    ``code`` stays the gRPC status code of :class:`~appliance.errors.EngineError` (INTERNAL): the server maps it.
+    """
 
     def __init__(self, call: str, code: str) -> None:
         super().__init__(f"{call} failed: {code}")
-        self.call, self.code = call, code
+        self.call, self.cuda_error = call, code
 
 
 def import_cudart() -> Any:

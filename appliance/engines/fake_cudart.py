@@ -298,7 +298,11 @@ def cudaMemcpyAsync(dst, src, count, kind: cudaMemcpyKind, stream) -> tuple[cuda
     if err != cudaError_t.cudaSuccess:
         return (err,)
     d, s, n = int(dst), int(src), int(count)
-    return (enqueue(stream, f"memcpy {cudaMemcpyKind(kind).name}", lambda: ctypes.memmove(d, s, n)),)
+
+    def copy() -> None:
+        ctypes.memmove(d, s, n)
+
+    return (enqueue(stream, f"memcpy {cudaMemcpyKind(kind).name}", copy),)
 
 
 def cudaStreamCreate() -> tuple[cudaError_t, cudaStream_t | None]:  # noqa: N802
@@ -347,7 +351,6 @@ def cudaEventRecord(event, stream) -> tuple[cudaError_t]:  # noqa: N802
     if s is None:
         return (cudaError_t.cudaErrorInvalidResourceHandle,)
     event.stream, event.fired = s, False
-    marker: Callable[[], None]
 
     def marker() -> None:
         event.fired = True

@@ -146,6 +146,18 @@ class IProgressMonitor:
     def __init__(self) -> None:
         pass
 
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        """A build phase starts (subclasses override)."""
+        raise NotImplementedError
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        """A step of a phase is done; False cancels the build (subclasses override)."""
+        raise NotImplementedError
+
+    def phase_finish(self, phase_name: str) -> None:
+        """A build phase ends (subclasses override)."""
+        raise NotImplementedError
+
 
 def _graph_facts(data: bytes) -> dict[str, Any]:
     import onnx
@@ -175,7 +187,8 @@ class OnnxParser:
     """Parses an ONNX graph into a network."""
 
     def __init__(self, network: _Network, logger: Logger) -> None:
-        self.network, self.errors = network, []
+        self.network = network
+        self.errors: list[str] = []
 
     def parse(self, model: bytes) -> bool:
         """Parse; False (with errors) if the bytes are not a valid ONNX graph."""
@@ -301,7 +314,8 @@ class Runtime:
 class _Engine:
     def __init__(self, facts: dict[str, Any], onnx_bytes: bytes) -> None:
         self.facts, self.onnx = facts, onnx_bytes
-        self.io = {t["name"]: (TensorIOMode.INPUT, t) for t in facts["inputs"]}
+        self.io: dict[str, tuple[TensorIOMode, dict[str, Any]]] = {
+            t["name"]: (TensorIOMode.INPUT, t) for t in facts["inputs"]}
         self.io.update({t["name"]: (TensorIOMode.OUTPUT, t) for t in facts["outputs"]})
         self._session: Any = None
 

@@ -142,7 +142,9 @@ class TensorrtEngine(Engine):
         device = probe_device(self._cudart)
         if not device.ok:
             raise BackendUnavailable(device.reason or "no CUDA device")
-        self._device_name = f"{device.name} (sm {device.compute_capability[0]}.{device.compute_capability[1]})"
+        cc = device.compute_capability
+        assert cc is not None  # device.ok: the properties were read
+        self._device_name = f"{device.name} (sm {cc[0]}.{cc[1]})"
         self._call("cudaSetDevice", 0)
         settings = BuildSettings(workspace_bytes=int(self.options.get("workspace_bytes", 2 << 30)),
                                  optimization_level=int(self.options.get("optimization_level", 3)))

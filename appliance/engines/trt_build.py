@@ -175,7 +175,7 @@ class _Heartbeat:
 def _progress_monitor(trt: Any, heartbeat: _Heartbeat) -> Any:
     """An ``IProgressMonitor`` forwarding phases and steps to ``heartbeat`` (never cancels)."""
 
-    class Monitor(trt.IProgressMonitor):
+    class Monitor(trt.IProgressMonitor):  # type: ignore[misc]  # trt: the real or fake module, chosen at run time
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
             self.steps: dict[str, int] = {}

@@ -82,7 +82,11 @@ def cells_hit(nodules: np.ndarray, grid: int, stride: int) -> np.ndarray:
     return out
 
 
-def _one(args: tuple[int, int, InputParams, float]) -> tuple[np.ndarray, int, np.ndarray, float, np.ndarray]:
+#: One example: input, label, target cells, largest nodule (mm), nodules as (row, col, radius) in input pixels.
+_Example = tuple[np.ndarray, int, np.ndarray, float, np.ndarray]
+
+
+def _one(args: tuple[int, int, InputParams, float]) -> _Example:
     seed, i, params, p_nodule = args
     truth = synthetic.generate_slice(np.random.default_rng([seed, i]), p_nodule=p_nodule)
     x = synthetic.model_input(truth, params.as_mapping())
@@ -97,7 +101,7 @@ def _one(args: tuple[int, int, InputParams, float]) -> tuple[np.ndarray, int, np
     return x.astype(np.float16), int(truth.has_nodule), target.astype(np.uint8), truth.max_nodule_mm, nods
 
 
-def _work(chunk: Sequence[tuple[int, int, InputParams, float]]) -> list[tuple]:
+def _work(chunk: Sequence[tuple[int, int, InputParams, float]]) -> list[_Example]:
     return [_one(a) for a in chunk]
 
 
@@ -129,7 +133,7 @@ def generate_pool(
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc=f"generate seed {seed}", unit="slice")
-    results: list[tuple] = []
+    results: list[_Example] = []
     if workers > 1:
         with ProcessPoolExecutor(workers) as ex:
             for part in ex.map(_work, chunks):

@@ -123,7 +123,7 @@ def _hits(heatmaps: np.ndarray, pool: Pool) -> np.ndarray:
     return out
 
 
-def quality_metrics(probs: np.ndarray, heatmaps: np.ndarray, pool: Pool, threshold: float = 0.5) -> dict:
+def quality_metrics(probs: np.ndarray, heatmaps: np.ndarray, pool: Pool, threshold: float = 0.5) -> dict[str, Any]:
     """Return the quality metrics of predictions on ``pool`` (see the module docstring)."""
     y = pool.label.astype(bool)
     small = y & (pool.max_diameter_mm < 8.0)
@@ -186,7 +186,7 @@ def time_interleaved(sessions: Mapping[str, Any], x: np.ndarray, *, rounds: int 
 
 
 def evaluate_artifact(path: Path, pool: Pool, *, session_config: Mapping[str, str] | None = None,
-                      threshold: float = 0.5, timing_runs: int = 20) -> dict:
+                      threshold: float = 0.5, timing_runs: int = 20) -> dict[str, Any]:
     """Evaluate one artifact on ``pool`` and time it on one thread; return the metrics dict."""
     sess = make_session(path, threads=1, session_config=session_config)
     t = time.perf_counter()

@@ -37,7 +37,7 @@ def _to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
     # op_block_list=[]: no op of this graph is kept in FP32 (the default list names only ML/NMS ops anyway).
     # keep_io_types: Cast at the boundary, so inputs/outputs stay float32 as in the manifest.
-    out = convert_float_to_float16(model, keep_io_types=True, op_block_list=[])
+    out: onnx.ModelProto = convert_float_to_float16(model, keep_io_types=True, op_block_list=[])
     out.producer_name = "edge-appliance.modelbuild"
     out.doc_string = ""
     _toposort(out.graph)  # the converter appends its boundary Casts at the end of the node list

@@ -50,7 +50,8 @@ def resize_area(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     h, w = src.shape
     if h % rows == 0 and w % cols == 0:
         fy, fx = h // rows, w // cols
-        return src.reshape(rows, fy, cols, fx).mean(axis=(1, 3), dtype=np.float32)
+        binned: np.ndarray = src.reshape(rows, fy, cols, fx).mean(axis=(1, 3), dtype=np.float32)
+        return binned
     pil = Image.fromarray(src)  # float32 2-D -> mode "F"
     return np.asarray(pil.resize((cols, rows), Image.Resampling.BOX), dtype=np.float32)
 

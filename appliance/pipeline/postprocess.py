@@ -39,14 +39,15 @@ class Postprocessor:
             raise ManifestError(f"{manifest.path}: [postprocess] labels must have 2 entries, got {labels}")
         self.negative, self.positive = str(labels[0]), str(labels[1])
         by_name = {o.name: o for o in manifest.outputs}
-        self.score_output = pp.get("score_output") or next(
+        score_output: str | None = pp.get("score_output") or next(
             (o.name for o in manifest.outputs if len(o.shape) == 1 or o.shape[1:] == (1,)), None
         )
-        self.heatmap_output = pp.get("heatmap_output") or next(
+        self.heatmap_output: str | None = pp.get("heatmap_output") or next(
             (o.name for o in manifest.outputs if len(o.shape) == 3), None
         )
-        if self.score_output not in by_name:
+        if score_output is None or score_output not in by_name:
             raise ManifestError(f"{manifest.path}: no score output ([postprocess] score_output)")
+        self.score_output: str = score_output
         if self.heatmap_output is not None and self.heatmap_output not in by_name:
             raise ManifestError(f"{manifest.path}: [postprocess] heatmap_output {self.heatmap_output!r} unknown")
         self.input_hw = manifest.input.shape[-2:]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -40,6 +40,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+#: The check a wrapped handler awaits first: ``check(method, context)``; it aborts the call if not allowed.
+_Check = Callable[[str, "grpc.aio.ServicerContext[Any, Any]"], Awaitable[None]]
+
 ANALYZE, STATUS, NONE = "analyze", "status", "none"
 _RANK = {NONE: 0, STATUS: 1, ANALYZE: 2}
 
@@ -52,9 +57,9 @@ def subject_key(subject: str) -> tuple[str, ...]:
     return tuple(sorted(part.strip() for part in re.split(r"(?<!\\),", subject) if part.strip()))
 
 
-def _first(auth: dict[str, list[bytes]], key: str) -> str:
-    values = auth.get(key) or []
-    return values[0].decode("utf-8", "replace") if values else ""
+def _first(auth: Mapping[str, Iterable[bytes]], key: str) -> str:
+    first = next(iter(auth.get(key) or ()), None)
+    return first.decode("utf-8", "replace") if first is not None else ""
 
 
 class AccessPolicy:
@@ -65,7 +70,7 @@ class AccessPolicy:
         self.analyze = frozenset(map(subject_key, access.analyze_subjects))
         self.status = frozenset(map(subject_key, access.status_subjects))
 
-    def role(self, peer: str, auth: dict[str, list[bytes]]) -> tuple[str, str]:
+    def role(self, peer: str, auth: Mapping[str, Iterable[bytes]]) -> tuple[str, str]:
         """Return ``(role, who)`` for a caller; ``who`` names it for log lines and errors (never patient data)."""
         if peer.startswith("unix:"):
             return ANALYZE, "unix socket"
@@ -87,7 +92,7 @@ class AccessPolicy:
         """The role ``method`` (``/package.Service/Method``) needs."""
         return ANALYZE if method in ANALYZE_METHODS else STATUS
 
-    def allows(self, method: str, peer: str, auth: dict[str, list[bytes]]) -> tuple[bool, str]:
+    def allows(self, method: str, peer: str, auth: Mapping[str, Iterable[bytes]]) -> tuple[bool, str]:
         """``(allowed, who)`` for one call."""
         role, who = self.role(peer, auth)
         return _RANK[role] >= _RANK[self.needed(method)], who
@@ -102,16 +107,18 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Request, _Response] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Request, _Response] | None:
         """Return the handler wrapped with the access check (unknown methods pass through unchanged)."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
         return _wrap(handler, handler_call_details.method, self._check)
 
-    async def _check(self, method: str, context: grpc.aio.ServicerContext) -> None:
+    async def _check(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         allowed, who = self.policy.allows(method, context.peer(), context.auth_context())
         if not allowed:
             self.denied += 1
@@ -119,41 +126,49 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method} (config [access])")
 
 
-def _wrap(handler: grpc.RpcMethodHandler, method: str, check: Callable[..., Awaitable[None]]) -> grpc.RpcMethodHandler:
-    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+def _wrap(
+    handler: grpc.RpcMethodHandler[_Request, _Response], method: str, check: _Check
+) -> grpc.RpcMethodHandler[_Request, _Response]:
+    # Under grpc.aio the behaviours are coroutine functions or async generators; the stubs type grpc's sync API
+    # (plain callables and iterators), so the behaviours are handled as Any here.
+    deserializer, serializer = handler.request_deserializer, handler.response_serializer
     if handler.unary_unary:
-        inner = handler.unary_unary
+        inner: Any = handler.unary_unary
 
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await check(method, context)
             return await inner(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+        return grpc.unary_unary_rpc_method_handler(unary_unary, deserializer, serializer)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(_streaming(handler.unary_stream, method, check), **codec)
+        return grpc.unary_stream_rpc_method_handler(
+            _streaming(handler.unary_stream, method, check), deserializer, serializer
+        )
     if handler.stream_unary:
-        inner_su = handler.stream_unary
+        inner_su: Any = handler.stream_unary
 
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await check(method, context)
             return await inner_su(requests, context)
 
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
-    return grpc.stream_stream_rpc_method_handler(_streaming(handler.stream_stream, method, check), **codec)
+        return grpc.stream_unary_rpc_method_handler(stream_unary, deserializer, serializer)
+    return grpc.stream_stream_rpc_method_handler(
+        _streaming(handler.stream_stream, method, check), deserializer, serializer
+    )
 
 
-def _streaming(inner: Any, method: str, check: Callable[..., Awaitable[None]]) -> Any:
+def _streaming(inner: Any, method: str, check: _Check) -> Any:
     """Wrap a streaming behaviour keeping its style: an async generator, or a coroutine using context.write."""
     if inspect.isasyncgenfunction(inner):
 
-        async def generator(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def generator(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await check(method, context)
             async for response in inner(request, context):
                 yield response
 
         return generator
 
-    async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def coroutine(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await check(method, context)
         return await inner(request, context)
 

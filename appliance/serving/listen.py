@@ -381,4 +381,7 @@ class CertificateFiles:
 
         initial = self.load()
         require = bool(self.tls.client_ca_file) and self.tls.require_client_cert
-        return grpc.dynamic_ssl_server_credentials(initial, self.fetch, require_client_authentication=require)
+        # grpc takes None from the fetcher as "keep the current certificates"; types-grpcio's Callable omits None.
+        return grpc.dynamic_ssl_server_credentials(
+            initial, self.fetch, require_client_authentication=require  # type: ignore[arg-type]
+        )

@@ -155,7 +155,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     # ---- RPCs -------------------------------------------------------------------------------------------
 
-    async def Analyze(self, request: pb.AnalyzeRequest, context: grpc.aio.ServicerContext) -> pb.AnalyzeResponse:  # noqa: N802
+    async def Analyze(  # noqa: N802
+        self, request: pb.AnalyzeRequest, context: grpc.aio.ServicerContext[pb.AnalyzeRequest, pb.AnalyzeResponse]
+    ) -> pb.AnalyzeResponse:
         """Analyze one DICOM instance."""
         t0 = self.path.clock.monotonic()
         try:
@@ -182,7 +184,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         return self._response(analysis)
 
     async def AnalyzeStream(  # noqa: N802
-        self, request_iterator: AsyncIterator[pb.AnalyzeRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[pb.AnalyzeRequest],
+        context: grpc.aio.ServicerContext[pb.AnalyzeRequest, pb.AnalyzeResponse],
     ) -> AsyncIterator[pb.AnalyzeResponse]:
         """Analyze many instances; reply as each completes. Per-item failures go in the item's status.
 
@@ -251,6 +255,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:  # noqa: N802
+    async def GetStatus(  # noqa: N802
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext[pb.GetStatusRequest, pb.Status]
+    ) -> pb.Status:
         """Return the detailed status."""
         return self.status()

@@ -129,7 +129,7 @@ class _Daemon:
     def wait_serving(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
+            stub: Any = health_pb2_grpc.HealthStub(channel)  # its stub package declares no Check
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.log.name}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,9 @@ from appliance.tools import loadgen
 __all__ = ["run_extended"]
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: Reads a server's GetStatus fields (appliance.tools.bench.status_fields), for the peers that have one.
+_StatusCall = Callable[[], Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -90,7 +94,7 @@ def _costs(args: argparse.Namespace, files: list[bytes], pipeline: Any, manifest
 
 
 async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
-                 run: Callable[[loadgen.Sender], Awaitable[Any]], status: Any = None) -> dict[str, Any]:
+                 run: Callable[[loadgen.Sender], Awaitable[Any]], status: _StatusCall | None = None) -> dict[str, Any]:
     """Run one pattern on one server; add CPU and wake-ups per answered request (whole process tree)."""
     cpu0 = bc.proc_tree_cpu_s(srv.pid) if srv.pid else {}
     names = bc.python_thread_names(srv.pid) if srv.pid else {}
@@ -100,7 +104,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
     s0 = await _status(status)
     got = await run(send)
     res, extra = got if isinstance(got, tuple) else (got, None)
-    out = res.summary()
+    out: dict[str, Any] = res.summary()
     ok = len(res.latencies)
     if srv.pid and ok:
         cpu = bc.cpu_delta_s(cpu0, bc.proc_tree_cpu_s(srv.pid))
@@ -129,7 +133,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
     return out
 
 
-async def _status(status: Any) -> dict[str, Any]:
+async def _status(status: _StatusCall | None) -> dict[str, Any]:
     if status is None:
         return {}
     with contextlib.suppress(grpc.aio.AioRpcError, KeyError):
@@ -158,7 +162,8 @@ async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[
     }
     from appliance.tools.bench import status_fields
 
-    status = {"appliance": (lambda: status_fields(pb_grpc.InferenceStub(channels["appliance"])))}
+    status: dict[str, _StatusCall] = {
+        "appliance": (lambda: status_fields(pb_grpc.InferenceStub(channels["appliance"])))}
     turn = 0
 
     def ordered() -> list[_Server]:
@@ -173,8 +178,8 @@ async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[
     try:
         points = sorted(set(args.sweep) | {args.concurrency})
         for c in points:
-            got = await each(f"closed-{c}", lambda send, c=c: loadgen.closed_loop(
-                send, n, concurrency=c, duration_s=args.duration, requests=args.requests))
+            got = await each(f"closed-{c}", functools.partial(
+                loadgen.closed_loop, n_files=n, concurrency=c, duration_s=args.duration, requests=args.requests))
             for name, value in got.items():
                 out["sweep"][name][c] = value
         capacity = {name: sw[max(points)]["throughput_per_s"] for name, sw in out["sweep"].items()}

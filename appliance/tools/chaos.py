@@ -29,6 +29,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pydicom
 from pydicom import uid as _uid
@@ -107,7 +108,7 @@ def _first_fragment(data: bytes) -> int:
     """Offset of the first fragment's bytes after the Basic Offset Table item."""
     start, _ = _pixel_span(data)
     (bot_len,) = struct.unpack_from("<I", data, start + 4)
-    return start + 8 + bot_len + 8
+    return start + 8 + int(bot_len) + 8
 
 
 def _lie_dimensions(ts: str, data: bytes) -> bytes | None:
@@ -203,9 +204,9 @@ def bad_cases(seed: int = 0, *, truncations: int = 6, flips: int = 4, size: int 
         ts = str(pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True).file_meta.TransferSyntaxUID)
         frag = _first_fragment(data)
         sof = next(i for i in range(frag, frag + 4096) if data[i] == 0xFF and data[i + 1] in (0xC0, 0xC1, 0xC3))
-        lie = bytearray(data)
-        struct.pack_into(">HH", lie, sof + 5, 20000, 20000)
-        cases.append(Case(f"dimension-lie-{name}", bytes(lie), frozenset({INVALID}), pipeline="any"))
+        patched = bytearray(data)
+        struct.pack_into(">HH", patched, sof + 5, 20000, 20000)
+        cases.append(Case(f"dimension-lie-{name}", bytes(patched), frozenset({INVALID}), pipeline="any"))
         _, end = _pixel_span(data)
         cases.append(Case(f"truncate-frame-{name}", data[: (frag + end) // 2], frozenset({INVALID}), pipeline="any"))
     deflated = valid[_uid.DeflatedExplicitVRLittleEndian]
@@ -385,7 +386,7 @@ def _wait_serving(target: str, timeout_s: float = 60.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(target) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
+        stub: Any = health_pb2_grpc.HealthStub(ch)  # its stub package declares no Check
         while time.monotonic() < deadline:
             try:
                 if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:

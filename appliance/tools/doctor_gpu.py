@@ -38,7 +38,7 @@ def _check(name: str, ok: bool, detail: str, data: dict[str, Any] | None = None)
 
 
 def _environment() -> Any:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for dist in _DISTS:
         try:
             versions[dist] = importlib.metadata.version(dist)
@@ -185,9 +185,10 @@ def check_gpu(config: Any, manifest: Any, *, e2e: bool = True, cudart: Any = Non
         checks.append(_check("gpu", False, f"NO USABLE NVIDIA GPU on this machine: {device.reason}",
                              device.as_dict()))
     else:
-        cc = device.compute_capability
+        cc, memory = device.compute_capability, device.total_memory_bytes
+        assert cc is not None and memory is not None  # device.ok: the properties were read
         checks.append(_check("gpu", True, f"{device.name}, compute capability {cc[0]}.{cc[1]}, "
-                                          f"{device.total_memory_bytes / 2**30:.1f} GiB, CUDA driver "
+                                          f"{memory / 2**30:.1f} GiB, CUDA driver "
                                           f"{device.driver_version}, runtime {device.runtime_version}",
                              device.as_dict()))
     nvml = NvmlThermometer(nvml=nvml)
@@ -227,8 +228,8 @@ def check_gpu(config: Any, manifest: Any, *, e2e: bool = True, cudart: Any = Non
         checks.append(_check("engine onnxruntime-cuda", False, why))
     else:
         precision = config.model.precision or manifest.default_precision
-        engine = OrtCudaEngine(manifest, manifest.artifact(precision), {})
-        checks.append(_engine_check("engine onnxruntime-cuda", engine, manifest, precision, x, labels,
+        ort_engine = OrtCudaEngine(manifest, manifest.artifact(precision), {})
+        checks.append(_engine_check("engine onnxruntime-cuda", ort_engine, manifest, precision, x, labels,
                                     timing_runs)[0])
     if e2e and results.get("w4a16"):
         checks.append(_end_to_end(nvml, e2e_backend, e2e_requests))

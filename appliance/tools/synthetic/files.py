@@ -9,6 +9,7 @@ import numpy as np
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import (
+    UID,
     CTImageStorage,
     DeflatedExplicitVRLittleEndian,
     ExplicitVRBigEndian,
@@ -129,7 +130,7 @@ def _encode(ds: Dataset, transfer_syntax: str) -> Dataset:
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = ds.SOPClassUID
     meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-    meta.ImplementationClassUID = UID_ROOT + "1"
+    meta.ImplementationClassUID = UID(UID_ROOT + "1")
     meta.ImplementationVersionName = "EDGEAPPL_SYN"
     ds.file_meta = meta
     plugin = TRANSFER_SYNTAXES[transfer_syntax]
@@ -143,7 +144,7 @@ def _encode(ds: Dataset, transfer_syntax: str) -> Dataset:
         if transfer_syntax == ExplicitVRBigEndian:
             arr = np.frombuffer(ds.PixelData, dtype=np.int16 if ds.PixelRepresentation else np.uint16)
             ds.PixelData = arr.byteswap().tobytes()
-        meta.TransferSyntaxUID = transfer_syntax
+        meta.TransferSyntaxUID = UID(transfer_syntax)
     return ds
 
 
@@ -209,7 +210,7 @@ def workload(name: str, n: int, seed: int) -> list[bytes]:
     weights = np.asarray([mix[s] for s in syntaxes], dtype=np.float64)
     chosen = rng.permutation(_apportion(weights, n))
     n_base = min(n, 8)
-    bases = [generate_slice(np.random.default_rng([seed, 19, i]).integers(2**31 - 1), size=512) for i in
+    bases = [generate_slice(int(np.random.default_rng([seed, 19, i]).integers(2**31 - 1)), size=512) for i in
              range(n_base)]
     cache: dict[tuple[int, str], Dataset] = {}
     out = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def paint_blob(
     u = x * ca + y * sa
     v = (-x * sa + y * ca) / aspect
     dist = np.sqrt(u * u + v * v)
-    r = np.float32(radius_px)
+    r: np.floating[Any] | np.ndarray = np.float32(radius_px)
     if lobes[0] > 0.0:
         theta = np.arctan2(v, u)
         r = r * (1.0 + lobes[0] * np.sin(lobes[1] * theta + lobes[2]))

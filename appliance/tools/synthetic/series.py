@@ -251,7 +251,8 @@ def stored_values(truth: SliceTruth, *, signed: bool = False) -> np.ndarray:
         signed: int16 (PixelRepresentation 1) instead of uint16; the values are the same.
     """
     q = np.clip(np.rint(truth.hu), HU_MIN, HU_MAX) - RESCALE_INTERCEPT
-    return q.astype(np.int16 if signed else np.uint16)
+    stored: np.ndarray = q.astype(np.int16 if signed else np.uint16)
+    return stored
 
 
 def modality_values(truth: SliceTruth) -> np.ndarray:

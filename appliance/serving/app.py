@@ -29,7 +29,7 @@ from appliance.clock import Clock, RealClock
 from appliance.config import Config, ThermalSection
 from appliance.engines import resolve
 from appliance.errors import ConfigError, Unavailable
-from appliance.governor import Governor, ThermalConfig
+from appliance.governor import Governor
 from appliance.manifest import load_manifest
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.postprocess import Postprocessor
@@ -95,8 +95,9 @@ class App:
         self.postprocess = Postprocessor(self.manifest)
         # engine + slot arena + batcher (the engine is loaded on its own thread in start())
         engine_cls, self.skipped_backends = resolve(config.engine.backend)
-        options = {"intra_op_threads": config.engine.intra_op_threads, "allow_spinning": config.engine.allow_spinning}
-        options.update(config.engine.options)
+        options: dict[str, Any] = {"intra_op_threads": config.engine.intra_op_threads,
+                                   "allow_spinning": config.engine.allow_spinning}
+        options.update(config.engine.options.as_dict())
         options.update(engine_options or {})
         self.engine = engine_cls(self.manifest, self.artifact, options)
         self.pacer = Pacer(self.clock)
@@ -483,21 +484,19 @@ def preprocess_workers(config: Config) -> int:
 
 
 def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:
-    """Build the thermometer + governor + controller from ``[thermal]``; errors name the key.
+    """Build the thermometer + governor + controller from ``[thermal]`` (already typed and checked at load).
 
     With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".
     """
+    sim = section.sim
     try:
-        governor_config = ThermalConfig(**section.governor)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config key thermal.governor: {e}") from e
-    try:
-        thermometer = make_thermometer(section.sensor, clock=clock, **section.sim)
+        thermometer = make_thermometer(section.sensor, clock=clock, plant=sim.plant, sensor=sim.sensor_params(),
+                                       ambient_c=sim.ambient_c)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key thermal.sim: {e}") from e
     return ThermalController(
         thermometer,
-        Governor(governor_config),
+        Governor(section.governor),
         clock=clock,
         busy_source=busy,
         require_sensor=gpu_engine and section.sensor != "none",

@@ -18,7 +18,7 @@ import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
@@ -114,10 +114,18 @@ def _parse_path(text: str) -> list[str | int]:
     return [name if name else (int(index) if index.isdigit() else "...") for name, index in _SEGMENT.findall(text)]
 
 
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
 def _format_path(path: list[str | int] | tuple[str | int, ...]) -> str:
+    """``a.b[0].c``; a key that is not a bare TOML key is quoted (``session_config."session.x"``)."""
     out = ""
     for seg in path:
-        out += f"[{seg}]" if isinstance(seg, int) or seg == "..." else (f".{seg}" if out else seg)
+        if isinstance(seg, int) or seg == "...":
+            out += f"[{seg}]"
+        else:
+            name = seg if _BARE.match(seg) else '"' + seg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            out += f".{name}" if out else name
     return out or "(top level)"
 
 
@@ -227,6 +235,7 @@ def _got(value: Any) -> str:
 def _rewrite(message: str, raw: Any, info: mi.Type, where: str, at: tuple[str | int, ...]) -> str:
     m = _AT.match(message)  # msgspec leaves the path out for the top level
     msg, path = (m.group("msg"), _parse_path(m.group("path"))) if m is not None else (message, [])
+    path = _dict_keys(path, raw, info)
 
     def key(p: list[str | int]) -> str:
         return _format_path([*at, *p])
@@ -264,6 +273,49 @@ def _rewrite(message: str, raw: Any, info: mi.Type, where: str, at: tuple[str | 
         elif " got " not in text and not isinstance(value, dict | list):
             text += f", got {value!r}"
     return f"{where} {key(path)}: {text}"
+
+
+def _python_type(t: mi.Type) -> Any:
+    """A type msgspec can convert to that checks what ``t`` checks (None when not rebuilt here)."""
+    t = _unwrap(t)
+    if isinstance(t, mi.StructType | mi.DataclassType):
+        return t.cls
+    if isinstance(t, mi.AnyType):
+        return Any
+    scalars: dict[type[mi.Type], Any] = {mi.StrType: str, mi.IntType: int, mi.FloatType: float, mi.BoolType: bool}
+    if type(t) in scalars:
+        bounds = {k: getattr(t, k) for k in ("ge", "gt", "le", "lt", "pattern", "min_length", "max_length")
+                  if getattr(t, k, None) is not None}
+        base = scalars[type(t)]
+        return Annotated[base, msgspec.Meta(**bounds)] if bounds else base
+    if isinstance(t, mi.DictType):
+        key, value = _python_type(t.key_type), _python_type(t.value_type)
+        return dict[key, value] if key is not None and value is not None else None  # type: ignore[valid-type]
+    if isinstance(t, mi.ListType | mi.VarTupleType):
+        item = _python_type(t.item_type)
+        return list[item] if item is not None else None  # type: ignore[valid-type]
+    return None
+
+
+def _dict_keys(path: list[str | int], raw: Any, info: mi.Type) -> list[str | int]:
+    """Replace each ``[...]`` (msgspec does not name dict keys) by the first key whose value does not convert."""
+    for i, seg in enumerate(path):
+        if seg != "...":
+            continue
+        table, t = _value_at(raw, path[:i]), _type_at(info, raw, path[:i])
+        t = _unwrap(t) if t is not None else None
+        value_type = _python_type(t.value_type) if isinstance(t, mi.DictType) else None
+        if not isinstance(table, dict) or value_type is None:
+            return path
+        for key, value in table.items():
+            try:
+                msgspec.convert(value, value_type)
+            except msgspec.ValidationError:
+                path = [*path[:i], str(key), *path[i + 1:]]
+                break
+        else:
+            return path
+    return path
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -276,7 +276,8 @@ def _validate(cfg: Config) -> None:
 
     validate_listeners(cfg)
     if cfg.server.inflight_bytes < cfg.server.max_message_bytes:
-        raise ConfigError("config key server.inflight_bytes must be >= server.max_message_bytes")
+        raise ConfigError(f"config key server.inflight_bytes: must be >= server.max_message_bytes "
+                          f"({cfg.server.max_message_bytes}), got {cfg.server.inflight_bytes}")
 
 
 def _merge(raw: dict[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:

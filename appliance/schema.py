@@ -272,6 +272,12 @@ def _rewrite(message: str, raw: Any, info: mi.Type, where: str, at: tuple[str | 
             text = text[: got.start()] + f", got {_got(value)}"
         elif " got " not in text and not isinstance(value, dict | list):
             text += f", got {value!r}"
+    bounds = _unwrap(t) if (t := _type_at(info, raw, path)) is not None else None
+    if isinstance(bounds, mi.IntType | mi.FloatType) and re.match(r"expected (int|float) [<>]", text):
+        lo = bounds.ge if bounds.ge is not None else bounds.gt
+        hi = bounds.le if bounds.le is not None else bounds.lt
+        if lo is not None and hi is not None:
+            text += f" (range {lo} .. {hi})" if isinstance(bounds, mi.IntType) else f" (range {lo:g} .. {hi:g})"
     return f"{where} {key(path)}: {text}"
 
 

@@ -107,7 +107,7 @@ def numeric_ranges(typ: type[Any], prefix: str = "") -> Iterator[tuple[str, tupl
 
 _AT = re.compile(r"^(?P<msg>.*) - at `\$(?P<path>[^`]*)`$", re.S)
 _SEGMENT = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
-_TYPE_NAMES = {"object": "table", "array": "array"}
+_TYPE_NAMES = {"object": "table"}  # msgspec's JSON names, as TOML says them
 
 
 def _parse_path(text: str) -> list[str | int]:
@@ -229,10 +229,29 @@ def _known(fields: tuple[mi.Field, ...] | None) -> str:
 
 
 def _got(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}" if not isinstance(value, dict | list) else type(value).__name__
+    """``str 'x'``, ``int 3``; a table or an array by its TOML name only."""
+    if isinstance(value, dict | list):
+        return "table" if isinstance(value, dict) else "array"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _range(t: mi.Type | None) -> str:
+    """`` (range lo .. hi)`` for a number type with both bounds, else ''."""
+    t = _unwrap(t) if t is not None else None
+    if not isinstance(t, mi.IntType | mi.FloatType):
+        return ""
+    lo = t.ge if t.ge is not None else t.gt
+    hi = t.le if t.le is not None else t.lt
+    if lo is None or hi is None:
+        return ""
+    return f" (range {lo} .. {hi})" if isinstance(t, mi.IntType) else f" (range {lo:g} .. {hi:g})"
 
 
 def _rewrite(message: str, raw: Any, info: mi.Type, where: str, at: tuple[str | int, ...]) -> str:
+    """Rewrite msgspec's ``Expected `int`, got `str` - at `$.a[0].b``` as ``{where} a[0].b: expected int, got str 'x'``.
+
+    Unknown keys list the known ones, choices list the allowed values, and ranges state both bounds.
+    """
     m = _AT.match(message)  # msgspec leaves the path out for the top level
     msg, path = (m.group("msg"), _parse_path(m.group("path"))) if m is not None else (message, [])
     path = _dict_keys(path, raw, info)
@@ -248,21 +267,19 @@ def _rewrite(message: str, raw: Any, info: mi.Type, where: str, at: tuple[str | 
     if (r := re.fullmatch(r"Object missing required field `(.+)`", msg)) is not None:
         return f"{where} {key([*path, r.group(1)])}: missing (required)"
     value = _value_at(raw, path)
-    if msg.startswith("Invalid enum value") or msg.startswith("Invalid value"):
-        t = _type_at(info, raw, path)
-        if msg.startswith("Invalid value") and path and isinstance(path[-1], str):
-            options = _tags(_type_at(info, raw, path[:-1]))  # the tag of a tagged union (a step's name)
-        else:
-            options = _choices(t)
-        if options:
-            return f"{where} {key(path)}: expected one of {', '.join(map(repr, options))}, got {value!r}"
-        return f"{where} {key(path)}: invalid value {value!r}"
-    table = _resolve(t, value) if (t := _type_at(info, raw, path)) is not None else None
+    if msg.startswith("Invalid value") and path and isinstance(path[-1], str):  # the tag of a tagged union
+        options = _tags(_type_at(info, raw, path[:-1]))
+        return f"{where} {key(path)}: expected one of {', '.join(map(repr, options or ()))}, got {value!r}"
+    if msg.startswith("Invalid enum value"):
+        options = _choices(_type_at(info, raw, path))
+        return f"{where} {key(path)}: expected one of {', '.join(map(repr, options or ()))}, got {value!r}"
+    t = _type_at(info, raw, path)
+    table = _resolve(t, value) if t is not None else None
     if isinstance(table, mi.StructType | mi.DataclassType):  # "Class.field must ..." from a __post_init__
         own = re.match(rf"{re.escape(table.cls.__name__)}\.(\w+) ", msg)
         if own is not None and any(f.name == own.group(1) for f in table.fields):
             path, msg = [*path, own.group(1)], msg[own.end():]
-            value = _value_at(raw, path)
+            value, t = _value_at(raw, path), _type_at(info, raw, path)
     text = re.sub(r"`([^`]*)`", lambda g: _TYPE_NAMES.get(g.group(1), g.group(1)), msg)
     if text.startswith("Expected "):
         text = "expected " + text[len("Expected "):]
@@ -272,12 +289,8 @@ def _rewrite(message: str, raw: Any, info: mi.Type, where: str, at: tuple[str | 
             text = text[: got.start()] + f", got {_got(value)}"
         elif " got " not in text and not isinstance(value, dict | list):
             text += f", got {value!r}"
-    bounds = _unwrap(t) if (t := _type_at(info, raw, path)) is not None else None
-    if isinstance(bounds, mi.IntType | mi.FloatType) and re.match(r"expected (int|float) [<>]", text):
-        lo = bounds.ge if bounds.ge is not None else bounds.gt
-        hi = bounds.le if bounds.le is not None else bounds.lt
-        if lo is not None and hi is not None:
-            text += f" (range {lo} .. {hi})" if isinstance(bounds, mi.IntType) else f" (range {lo:g} .. {hi:g})"
+    if re.match(r"expected (int|float) [<>]", text):
+        text += _range(t)
     return f"{where} {key(path)}: {text}"
 
 

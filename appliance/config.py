@@ -1,5 +1,6 @@
-"""Configuration: frozen dataclasses loaded from TOML once at startup. Errors name the key.
+"""Configuration: frozen, typed msgspec Structs loaded from TOML once at startup. Errors name the full key path.
 
+The sections are :class:`appliance.schema.Schema` tables read by the shared loader (:mod:`appliance.schema`).
 Every section and key is optional; defaults are the embedded default (CPU engine, bundled model, no thermal
 sensor when there is no GPU). Unknown keys are errors, so a typo never silently falls back to a default.
 Every numeric key has a range (:data:`RANGES`, documented in ``docs/operations.md``) and every address is
@@ -293,7 +294,7 @@ def load_config(path: Path | str | None = None, overrides: Mapping[str, Mapping[
 
     Raises:
         ConfigError: the file is unreadable or invalid; the message names the full key path, e.g.
-            ``config key server.inflight_bytes: expected int >= 1024, got int 12``.
+            ``config key server.inflight_bytes: expected int >= 1024, got 12 (range 1024 .. 1099511627776)``.
     """
     raw = _merge(read_toml(path, "config file", ConfigError) if path is not None else {}, overrides)
     engine = raw.get("engine")

@@ -283,9 +283,11 @@ def _validate(cfg: Config) -> None:
 
 def _merge(raw: dict[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
     for section, values in (overrides or {}).items():
-        table = raw.setdefault(section, {})
-        if isinstance(table, dict):
-            table.update(values)
+        table = raw.get(section, {})
+        if isinstance(table, dict) and isinstance(values, Mapping):
+            raw[section] = {**table, **values}
+        else:  # not a table on one side: the schema says what is wrong with the result
+            raw[section] = values
     return raw
 
 

@@ -356,3 +356,41 @@ def test_unreadable_file_names_the_uid(tmp_path: Path) -> None:
     path.chmod(0)
     with pytest.raises(ConfigError, match=f"not readable by uid {os.geteuid()}"):
         load_config(path)
+
+
+def _tables(obj: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every table of the config (nested Struct and dataclass tables included), as key paths."""
+    import dataclasses
+
+    import msgspec
+
+    names = ([f.name for f in msgspec.structs.fields(obj)] if isinstance(obj, msgspec.Struct)
+             else [f.name for f in dataclasses.fields(obj)])  # type: ignore[arg-type]
+    found = [prefix]
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, msgspec.Struct) or dataclasses.is_dataclass(value):
+            found += _tables(value, (*prefix, name))
+    return found
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_an_unknown_key_anywhere_is_named_by_its_full_path(data: st.DataObject) -> None:
+    table = data.draw(st.sampled_from(_tables(load_config(None, {"engine": {"backend": "fake"}}))))
+    name = data.draw(st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True))
+    obj: object = load_config(None, {"engine": {"backend": "fake"}})
+    for part in table:
+        obj = getattr(obj, part)
+    if hasattr(obj, name):
+        return  # a known key (hypothesis rarely draws one)
+    value = data.draw(st.one_of(st.integers(), st.text(max_size=5), st.booleans(), st.just({"x": 1})))
+    raw: dict[str, object] = {name: value}
+    for part in reversed(table):
+        raw = {part: raw}
+    raw.setdefault("engine", {})
+    raw["engine"] = {**raw["engine"], "backend": "fake"}  # type: ignore[dict-item]
+    path = ".".join((*table, name))
+    with pytest.raises(ConfigError) as info:
+        load_config(None, raw)  # type: ignore[arg-type]
+    assert str(info.value).startswith(f"config key {path}: unknown "), str(info.value)

@@ -1,5 +1,6 @@
-"""Configuration: frozen dataclasses loaded from TOML once at startup. Errors name the key.
+"""Configuration: frozen, typed msgspec Structs loaded from TOML once at startup. Errors name the full key path.
 
+The sections are :class:`appliance.schema.Schema` tables read by the shared loader (:mod:`appliance.schema`).
 Every section and key is optional; defaults are the embedded default (CPU engine, bundled model, no thermal
 sensor when there is no GPU). Unknown keys are errors, so a typo never silently falls back to a default.
 Every numeric key has a range (:data:`RANGES`, documented in ``docs/operations.md``) and every address is
@@ -9,17 +10,19 @@ See ``systemd/appliance.toml.example`` for a documented file.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
-import tomllib
-import types
-import typing
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
+from msgspec import Meta
+
+from appliance.engines.base import EngineOptionsSchema
 from appliance.errors import ConfigError
+from appliance.schema import Schema, convert, numeric_ranges, read_toml
+from appliance.thermal.governor import ThermalConfig
+from appliance.thermal.plant import SensorParams
 
 __all__ = [
     "Config",
@@ -32,12 +35,15 @@ __all__ = [
     "LoggingConfig",
     "ServerConfig",
     "ThermalSection",
+    "ThermalSimSection",
     "BatcherConfig",
     "WorkersConfig",
     "TlsConfig",
     "default_home",
     "load_config",
 ]
+
+_GRPC_INT32 = (1 << 31) - 1
 
 
 def default_home() -> Path:
@@ -48,54 +54,67 @@ def default_home() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-@dataclass(frozen=True)
-class BatcherConfig:
+def _range(lo: float, hi: float) -> Meta:
+    return Meta(ge=lo, le=hi)
+
+
+class BatcherConfig(Schema, frozen=True):
     """The batcher's knobs (``[batcher]`` in the config file)."""
 
-    max_wait_s: float = 0.005  # how long the oldest ready item may wait for partners while the engine idles
+    # How long the oldest ready item may wait for partners while the engine idles (longer would hold a lone
+    # request for nothing).
+    max_wait_s: Annotated[float, _range(0.0, 0.5)] = 0.005
     # Slots in the inbox. 64 frames = 8 batches of 8: at ~50 ms per CPU batch that is ~0.4 s of work, so a
     # full inbox still drains well inside an interactive client's deadline, while a series upload of a few
     # dozen slices is admitted whole. Each slot holds one model input (256 KiB at 1x256x256 float32).
-    queue_capacity: int = 64
+    queue_capacity: Annotated[int, _range(1, 65536)] = 64
     overlap: bool = True  # preprocess in the worker processes while the engine runs; False = sequential (bench)
     # Preprocessing worker processes; 0 = auto: the cores left after the engine's intra-op threads, at least 2
     # (two, so one slow or hostile input never holds up every other request while it runs out its budget).
-    preprocess_workers: int = 0
+    preprocess_workers: Annotated[int, _range(0, 64)] = 0
 
 
-@dataclass(frozen=True)
-class WorkersConfig:
+class WorkersConfig(Schema, frozen=True):
     """``[workers]``: the supervised preprocessing worker processes (docs/robustness.md)."""
 
-    step_timeout_s: float = 10.0  # budget of one parse or one frame decode; past it the worker is killed
-    memory_bytes: int = 2 << 30  # address space a worker may add after start-up (RLIMIT_AS); over -> MemoryError
-    recycle_rss_bytes: int = 1 << 30  # a worker whose RSS passes this after a request is replaced
-    start_timeout_s: float = 60.0  # a new worker must report ready within this
+    # Budget of one parse or one frame decode; past it the worker is killed.
+    step_timeout_s: Annotated[float, _range(0.1, 3600.0)] = 10.0
+    # Address space a worker may add after start-up (RLIMIT_AS); over -> MemoryError.
+    memory_bytes: Annotated[int, _range(64 << 20, 1 << 40)] = 2 << 30
+    # A worker whose RSS passes this after a request is replaced.
+    recycle_rss_bytes: Annotated[int, _range(64 << 20, 1 << 40)] = 1 << 30
+    start_timeout_s: Annotated[float, _range(1.0, 3600.0)] = 60.0  # a new worker must report ready within this
     # Niceness added to workers: the engine thread (the critical path) and the event loop get the CPU first.
     # Measured on a quiet 2-core box, mixed workload, 16 clients: +5 gave 96.3 req/s, 0 gave 93.7-94.6.
-    nice: int = 5
+    nice: Annotated[int, _range(0, 19)] = 5
 
 
-@dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(Schema, frozen=True):
     """``[server]``: where and how the gRPC daemon listens."""
 
     # Plaintext addresses: loopback TCP or unix:PATH only (anything else needs [tls] listen). A relative unix
     # path lives in the runtime directory (appliance.serving.listen.runtime_dir: $RUNTIME_DIRECTORY under systemd).
     listen: tuple[str, ...] = ("127.0.0.1:50051", "unix:grpc.sock")
     socket_group: str = ""  # group of the unix sockets (mode 0660); "" = our primary group
-    max_message_bytes: int = 64 << 20  # largest accepted request (DoS bound); larger -> RESOURCE_EXHAUSTED
+    # Largest accepted request (DoS bound); larger -> RESOURCE_EXHAUSTED. 2**31 - 1 is grpc's int32 option
+    # limit; the receive limit adds 1 MiB of envelope to this key.
+    max_message_bytes: Annotated[int, _range(1024, _GRPC_INT32 - (1 << 20))] = 64 << 20
     reflection: bool | None = None  # gRPC server reflection; unset = on without TLS, off with [tls] listen
-    grace_s: float = 10.0  # on SIGTERM: finish in-flight work within this, then exit 0
-    # Deadline applied when the client sends none. Never "forever": a wedged stage must not hold a request.
-    default_deadline_s: float = 30.0
-    inflight_bytes: int = 256 << 20  # DICOM bytes of all unanswered requests together; over -> RESOURCE_EXHAUSTED
-    max_concurrent_rpcs: int = 1024  # gRPC's own cap on concurrent RPCs (health included); a safety net
-    stall_s: float = 15.0  # a stage with work and no progress for this long: NOT_SERVING, watchdog withheld
+    # On SIGTERM: finish in-flight work within this, then exit 0. The unit's TimeoutStopSec (30 s) must be
+    # >= grace_s + 10 s of margin; see docs/operations.md.
+    grace_s: Annotated[float, _range(0.0, 20.0)] = 10.0
+    # Deadline applied when the client sends none. Never "forever" (> 0): a wedged stage must not hold a
+    # request.
+    default_deadline_s: Annotated[float, _range(0.001, 3600.0)] = 30.0
+    # DICOM bytes of all unanswered requests together; over -> RESOURCE_EXHAUSTED.
+    inflight_bytes: Annotated[int, _range(1024, 1 << 40)] = 256 << 20
+    # gRPC's own cap on concurrent RPCs (health included); a safety net.
+    max_concurrent_rpcs: Annotated[int, _range(16, 1_000_000)] = 1024
+    # A stage with work and no progress for this long: NOT_SERVING, watchdog withheld.
+    stall_s: Annotated[float, _range(0.1, 3600.0)] = 15.0
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Schema, frozen=True):
     """``[model]``: which model to serve."""
 
     name: str = "ct-nodule"  # directory under models_dir
@@ -105,53 +124,72 @@ class ModelConfig:
     default_pipeline: str = ""  # "" = the pipeline named like the model
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """``[engine]``: the backend and its threads."""
+class EngineConfig(Schema, frozen=True):
+    """``[engine]``: the backend and its threads.
+
+    ``options`` (``[engine.options]``) is typed by the backend: the selected backend's ``Engine.OPTIONS``
+    schema (with ``backend = "auto"``, the options of every backend it may pick).
+    """
 
     backend: str = "auto"  # "auto", "tensorrt", "onnxruntime-tensorrt", "onnxruntime-cuda", "onnxruntime-cpu", "fake"
-    intra_op_threads: int = 1  # cores for the engine; the rest decode DICOM
+    intra_op_threads: Annotated[int, _range(1, 256)] = 1  # cores for the engine; the rest decode DICOM
     allow_spinning: bool = True  # ORT intra-op spinning
-    warmup_runs: int = 3
-    options: dict[str, Any] = field(default_factory=dict)  # backend-specific: checked against Engine.OPTIONS
+    warmup_runs: Annotated[int, _range(0, 100)] = 3
+    # Backend-specific, typed by the backend's Engine.OPTIONS (filled in by load_config).
+    options: EngineOptionsSchema = msgspec.field(default_factory=EngineOptionsSchema)
     cache_dir: str = ""  # engine/timing cache; "" = $CACHE_DIRECTORY under systemd, else none
-    min_free_bytes: int = 256 << 20  # refuse to start when the cache file system has less free space
+    # Refuse to start when the cache file system has less free space.
+    min_free_bytes: Annotated[int, _range(0, 1 << 50)] = 256 << 20
 
 
-@dataclass(frozen=True)
-class DicomConfig:
+class DicomConfig(Schema, frozen=True):
     """``[dicom]``: input limits, checked before allocating."""
 
-    max_pixels_per_frame: int = 4096 * 4096
-    max_frames: int = 512
-    max_decoded_bytes: int = 1 << 30
-    max_inflated_bytes: int = 256 << 20  # a Deflated Explicit VR LE dataset, inflated
-    max_items: int = 100_000  # sequence items in one dataset (a parse-time bomb bound)
+    max_pixels_per_frame: Annotated[int, _range(1, 65535 * 65535)] = 4096 * 4096
+    max_frames: Annotated[int, _range(1, 65535)] = 512
+    max_decoded_bytes: Annotated[int, _range(1, 1 << 40)] = 1 << 30
+    max_inflated_bytes: Annotated[int, _range(1, 1 << 40)] = 256 << 20  # a Deflated Explicit VR LE dataset, inflated
+    # Sequence items in one dataset (a parse-time bomb bound).
+    max_items: Annotated[int, _range(1, 10_000_000)] = 100_000
 
 
-@dataclass(frozen=True)
-class ThermalSection:
-    """``[thermal]``: the sensor and the governor (``[thermal.governor]`` maps onto ThermalConfig)."""
+class ThermalSimSection(Schema, frozen=True):
+    """``[thermal.sim]``: the simulated GPU behind ``sensor = "sim"`` (appliance.thermal.simulated)."""
 
-    sensor: str = "auto"  # "auto" (NVML if a GPU, else none), "nvml", "none", "sim"
-    period_s: float = 1.0  # control period
-    governor: dict[str, Any] = field(default_factory=dict)  # appliance.governor.ThermalConfig fields
-    sim: dict[str, Any] = field(default_factory=dict)  # simulated plant parameters (sensor = "sim")
+    plant: Literal["5090", "4090", "pro6000maxq"] = "5090"  # appliance.thermal.plant.PRESETS
+    ambient_c: Annotated[float, _range(-20.0, 60.0)] = 25.0  # room temperature, °C
+    # The simulated NVML sensor (appliance.thermal.plant.SensorParams): delay behind the die, s; integer
+    # quantisation; Gaussian noise before quantisation, °C.
+    delay_s: Annotated[float, _range(0.0, 30.0)] = SensorParams.delay_s
+    quantize: Literal["floor", "round"] = "floor"
+    noise_c: Annotated[float, _range(0.0, 10.0)] = SensorParams.noise_c
+
+    def sensor_params(self) -> SensorParams:
+        """The sensor part as the simulator's :class:`~appliance.thermal.plant.SensorParams`."""
+        return SensorParams(delay_s=self.delay_s, quantize=self.quantize, noise_c=self.noise_c)
 
 
-@dataclass(frozen=True)
-class MetricsConfig:
+class ThermalSection(Schema, frozen=True):
+    """``[thermal]``: the sensor, the governor (``[thermal.governor]``) and the simulated GPU (``[thermal.sim]``)."""
+
+    sensor: Literal["auto", "nvml", "none", "sim"] = "auto"  # "auto": NVML if a GPU, else none
+    period_s: Annotated[float, _range(0.05, 60.0)] = 1.0  # control period
+    # appliance.thermal.governor.ThermalConfig, which checks its own values (unknown keys refused by name).
+    governor: ThermalConfig = msgspec.field(default_factory=ThermalConfig)
+    sim: ThermalSimSection = msgspec.field(default_factory=ThermalSimSection)  # used when sensor = "sim"
+
+
+class MetricsConfig(Schema, frozen=True):
     """``[metrics]``: the Prometheus endpoint."""
 
     listen: str = "127.0.0.1:9400"  # host:port of /metrics (port 0: any); "" = off
-    window: int = 2048  # samples kept for percentiles
+    window: Annotated[int, _range(1, 1_000_000)] = 2048  # samples kept for percentiles
     # /metrics is plain HTTP: loopback only unless this is true (a pod scraped by its cluster's Prometheus).
     # Metrics carry counts and timings, never patient data (docs/security.md).
     allow_non_loopback: bool = False
 
 
-@dataclass(frozen=True)
-class TlsConfig:
+class TlsConfig(Schema, frozen=True):
     """``[tls]``: TLS listeners. Certificates are re-read when their files change (no restart)."""
 
     listen: tuple[str, ...] = ()  # addresses served over TLS, e.g. "0.0.0.0:50052"
@@ -163,39 +201,36 @@ class TlsConfig:
     require_client_cert: bool = True
 
 
-@dataclass(frozen=True)
-class AccessConfig:
+class AccessConfig(Schema, frozen=True):
     """``[access]``: who may call what (appliance.serving.access). Unix-socket clients are trusted by file mode."""
 
     analyze_subjects: tuple[str, ...] = ()  # TLS client subjects (CN or full subject) that may Analyze
     status_subjects: tuple[str, ...] = ()  # TLS client subjects that may only read status and health
-    loopback: str = "analyze"  # plaintext loopback TCP callers: "analyze", "status" or "none"
+    loopback: Literal["analyze", "status", "none"] = "analyze"  # plaintext loopback TCP callers
 
 
-@dataclass(frozen=True)
-class LoggingConfig:
+class LoggingConfig(Schema, frozen=True):
     """``[logging]``: level, destination and the key that hashes UIDs in log lines."""
 
-    level: str = "info"  # debug | info | warning | error
-    journald: str = "auto"  # auto (when $JOURNAL_STREAM is set) | yes | no
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    journald: Literal["auto", "yes", "no"] = "auto"  # auto: when $JOURNAL_STREAM is set
     uid_key_file: str = ""  # 32-byte secret for hash_uid, created 0600 if missing; "" = random per start
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Schema, frozen=True):
     """The whole configuration."""
 
-    server: ServerConfig = field(default_factory=ServerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    batcher: BatcherConfig = field(default_factory=BatcherConfig)
-    workers: WorkersConfig = field(default_factory=WorkersConfig)
-    dicom: DicomConfig = field(default_factory=DicomConfig)
-    thermal: ThermalSection = field(default_factory=ThermalSection)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    access: AccessConfig = field(default_factory=AccessConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    batcher: BatcherConfig = msgspec.field(default_factory=BatcherConfig)
+    workers: WorkersConfig = msgspec.field(default_factory=WorkersConfig)
+    dicom: DicomConfig = msgspec.field(default_factory=DicomConfig)
+    thermal: ThermalSection = msgspec.field(default_factory=ThermalSection)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    access: AccessConfig = msgspec.field(default_factory=AccessConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
 
     def models_dir(self) -> Path:
         """The model repository directory."""
@@ -206,148 +241,73 @@ class Config:
         return Path(self.model.pipelines_dir) if self.model.pipelines_dir else default_home() / "pipelines"
 
 
-def _coerce(value: Any, typ: Any, key: str) -> Any:
-    origin = typing.get_origin(typ)
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"config key {key} must be a finite number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"config key {key} must be a list, got {type(value).__name__}")
-        (inner, _ellipsis) = typing.get_args(typ)
-        return tuple(_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is dict or typ is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key {key} must be a table")
-        return dict(value)
-    if isinstance(typ, types.UnionType):
-        typ = typing.get_args(typ)[0]
-    if typ in (int, str, bool) and (type(value) is not typ):
-        raise ConfigError(f"config key {key} must be {typ.__name__}, got {type(value).__name__} {value!r}")
-    return value
+def _ranges() -> dict[str, tuple[float, float]]:
+    ranges: dict[str, tuple[float, float]] = {}
+    for key, bounds in numeric_ranges(Config):
+        if bounds is None:
+            raise TypeError(f"config key {key} is numeric but has no Meta(ge=..., le=...) range")
+        ranges[key] = bounds
+    return ranges
 
 
-def _section(cls: type, raw: dict[str, Any], name: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config key {name} must be a table")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in raw.items():
-        if key not in fields:
-            raise ConfigError(f"unknown config key {name}.{key} (known: {', '.join(sorted(fields))})")
-        kwargs[key] = _coerce(value, hints[key], f"{name}.{key}")
-    return cls(**kwargs)
+#: Every numeric key: (min, max) inclusive, read from the schema's ``Meta`` annotations (the one source).
+#: docs/operations.md documents the same table; a test keeps the two equal. ``[thermal.governor]`` is
+#: ThermalConfig, which checks its own values; ``[engine.options]`` are typed by each backend.
+RANGES: dict[str, tuple[float, float]] = _ranges()
 
 
-#: Every numeric key: (min, max) inclusive. docs/operations.md documents the same table; a test keeps every
-#: numeric field of every section in here.
-RANGES: dict[str, tuple[float, float]] = {
-    # 2**31 - 1 is grpc's int32 option limit; the receive limit adds 1 MiB of envelope to this key.
-    "server.max_message_bytes": (1024, (1 << 31) - 1 - (1 << 20)),
-    # The unit's TimeoutStopSec (30 s) must be >= grace_s + 10 s of margin; see docs/operations.md.
-    "server.grace_s": (0.0, 20.0),
-    "server.default_deadline_s": (0.001, 3600.0),  # > 0: a wedged stage must never hold a request forever
-    "server.inflight_bytes": (1024, 1 << 40),
-    "server.max_concurrent_rpcs": (16, 1_000_000),
-    "server.stall_s": (0.1, 3600.0),
-    "workers.step_timeout_s": (0.1, 3600.0),
-    "workers.memory_bytes": (64 << 20, 1 << 40),
-    "workers.recycle_rss_bytes": (64 << 20, 1 << 40),
-    "workers.start_timeout_s": (1.0, 3600.0),
-    "workers.nice": (0, 19),
-    "engine.intra_op_threads": (1, 256),
-    "engine.warmup_runs": (0, 100),
-    "engine.min_free_bytes": (0, 1 << 50),
-    "batcher.max_wait_s": (0.0, 0.5),
-    "batcher.queue_capacity": (1, 65536),
-    "batcher.preprocess_workers": (0, 64),  # 0 = auto
-    "dicom.max_pixels_per_frame": (1, 65535 * 65535),
-    "dicom.max_frames": (1, 65535),
-    "dicom.max_decoded_bytes": (1, 1 << 40),
-    "dicom.max_inflated_bytes": (1, 1 << 40),
-    "dicom.max_items": (1, 10_000_000),
-    "thermal.period_s": (0.05, 60.0),
-    "metrics.window": (1, 1_000_000),
-}
+def _engine_options(raw: Any, backend: str) -> EngineOptionsSchema:
+    """Convert ``[engine.options]`` with the schema of ``backend`` (for "auto": of every backend it may pick)."""
+    from appliance.engines import AUTO_ORDER, BACKENDS, options_schema
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "thermal.sensor": ("auto", "nvml", "none", "sim"),
-    "access.loopback": ("analyze", "status", "none"),
-    "logging.level": ("debug", "info", "warning", "error"),
-    "logging.journald": ("auto", "yes", "no"),
-}
-
-
-def _check_ranges(cfg: Config) -> None:
-    for f in dataclasses.fields(cfg):
-        section = getattr(cfg, f.name)
-        for g in dataclasses.fields(section):
-            key, value = f"{f.name}.{g.name}", getattr(section, g.name)
-            if key in _CHOICES and value not in _CHOICES[key]:
-                raise ConfigError(f"config key {key} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
-            if key not in RANGES or isinstance(value, bool):
-                continue
-            lo, hi = RANGES[key]
-            if not lo <= value <= hi:
-                raise ConfigError(f"config key {key} = {value!r} is out of range [{lo:g}, {hi:g}]")
-
-
-def _check_engine_options(cfg: Config) -> None:
-    """Unknown ``[engine.options]`` keys are errors: each backend declares its options (Engine.OPTIONS)."""
-    from appliance.engines import AUTO_ORDER, BACKENDS, declared_options
-
-    backend = cfg.engine.backend
     if backend != "auto" and backend not in BACKENDS:
         raise ConfigError(f"config key engine.backend: unknown backend {backend!r}; known: auto, {', '.join(BACKENDS)}")
-    names = AUTO_ORDER if backend == "auto" else (backend,)
-    known: dict[str, str] = {}
-    for name in names:
-        known.update(declared_options(name))
-    for key in cfg.engine.options:
-        if key not in known:
-            allowed = ", ".join(sorted(known)) or "none"
-            raise ConfigError(f"unknown config key engine.options.{key} for backend {backend!r} (known: {allowed})")
+    schema = options_schema(AUTO_ORDER if backend == "auto" else (backend,))
+    if isinstance(raw, dict):
+        known = {f.encode_name for f in msgspec.structs.fields(schema)}
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"config key engine.options.{key}: unknown option for backend {backend!r} "
+                                  f"(known: {', '.join(sorted(known)) or 'none'})")
+    return convert(raw, schema, where="config key", error=ConfigError, at=("engine", "options"))
 
 
 def _validate(cfg: Config) -> None:
     from appliance.serving.listen import validate_listeners
 
-    _check_ranges(cfg)
-    _check_engine_options(cfg)
     validate_listeners(cfg)
     if cfg.server.inflight_bytes < cfg.server.max_message_bytes:
-        raise ConfigError("config key server.inflight_bytes must be >= server.max_message_bytes")
+        raise ConfigError(f"config key server.inflight_bytes: must be >= server.max_message_bytes "
+                          f"({cfg.server.max_message_bytes}), got {cfg.server.inflight_bytes}")
 
 
-def load_config(path: Path | str | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
-    """Load a TOML config (or the defaults when ``path`` is None), apply ``overrides`` and validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} not found") from None
-        except PermissionError:
-            raise ConfigError(f"config file {path} is not readable by uid {os.geteuid()} (permission denied)") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {path} is a directory") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-        except OSError as e:
-            raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path}: {e}") from e
+def _merge(raw: dict[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
     for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update(values)
-    sections = {f.name: f.type for f in dataclasses.fields(Config)}
-    hints = typing.get_type_hints(Config)
-    kwargs = {}
-    for name, value in raw.items():
-        if name not in sections:
-            raise ConfigError(f"unknown config section [{name}] (known: {', '.join(sorted(sections))})")
-        kwargs[name] = _section(hints[name], value, name)
-    cfg = Config(**kwargs)
+        table = raw.get(section, {})
+        if isinstance(table, dict) and isinstance(values, Mapping):
+            raw[section] = {**table, **values}
+        else:  # not a table on one side: the schema says what is wrong with the result
+            raw[section] = values
+    return raw
+
+
+def load_config(path: Path | str | None = None, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    """Load a TOML config (or the defaults when ``path`` is None), apply ``overrides`` and validate.
+
+    Raises:
+        ConfigError: the file is unreadable or invalid; the message names the full key path, e.g.
+            ``config key server.inflight_bytes: expected int >= 1024, got 12 (range 1024 .. 1099511627776)``.
+    """
+    raw = _merge(read_toml(path, "config file", ConfigError) if path is not None else {}, overrides)
+    engine = raw.get("engine")
+    options: Any = {}
+    if isinstance(engine, dict) and "options" in engine:
+        engine = dict(engine)
+        options = engine.pop("options")
+        raw = {**raw, "engine": engine}
+    cfg = convert(raw, Config, where="config key", error=ConfigError)
+    typed = _engine_options(options, cfg.engine.backend)
+    cfg = msgspec.structs.replace(cfg, engine=msgspec.structs.replace(cfg.engine, options=typed))
     _validate(cfg)
     return cfg
+

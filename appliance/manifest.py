@@ -45,19 +45,25 @@ Format (``format_version = 1``)::
 
     [metrics.int4]                     # free-form measured metrics (AUC, ms per batch, ...)
 
-A manifest that fails to parse or validate raises :class:`ManifestError` naming the file and key. An
-artifact whose sha256 does not match raises :class:`ArtifactIntegrityError` naming the file.
+The file is read through one schema (:mod:`appliance.schema`, the private ``_*File`` Structs below): unknown keys
+are errors except in the free-form tables (``[input.preprocess]``, ``[postprocess]``, ``build``, ``[metrics]``).
+A manifest that fails to parse or validate raises :class:`ManifestError` naming the file and the full key path,
+e.g. ``model manifest /m/model.toml: key artifacts.int4.bytes: expected int, got str '12'``. An artifact whose
+sha256 does not match raises :class:`ArtifactIntegrityError` naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
 
 from appliance.errors import ArtifactIntegrityError, ManifestError
+from appliance.schema import Schema, convert, read_toml
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -167,77 +173,88 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _req(table: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if key not in table:
-        raise ManifestError(f"{where}: missing key {key!r}")
-    value = table[key]
-    if not isinstance(value, typ):
-        raise ManifestError(f"{where}: key {key!r} has type {type(value).__name__}")
-    return value
+Dim = Annotated[int, Meta(ge=1)]
+Shape = Annotated[tuple[Dim, ...], Meta(min_length=1)]
+Name = Annotated[str, Meta(min_length=1)]
 
 
-def _shape(value: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and v > 0 for v in value):
-        raise ManifestError(f"{where}: shape must be a non-empty list of positive integers, got {value!r}")
-    return tuple(value)
+class _InputFile(Schema, frozen=True):
+    name: Name  # ONNX input name
+    shape: Annotated[tuple[Dim, ...], Meta(min_length=4, max_length=4)]  # [B, C, H, W]
+    dtype: Name
+    preprocess: dict[str, Any] = msgspec.field(default_factory=dict)  # the pipeline contract (free-form)
+
+
+class _OutputFile(Schema, frozen=True):
+    name: Name
+    shape: Shape
+    meaning: str = ""
+
+
+class _ArtifactFile(Schema, frozen=True):
+    file: Name  # relative to the manifest's directory
+    precision: Name
+    sha256: Annotated[str, Meta(pattern="^[0-9a-fA-F]{64}$")]
+    bytes: Annotated[int, Meta(ge=0)]
+    block_size: Annotated[int, Meta(ge=1)] | None = None  # INT4 only
+    tolerance: Annotated[float, Meta(ge=0.0, le=1000.0)] = DEFAULT_TOLERANCE
+    quantization: str = ""  # one line for humans
+    build: dict[str, Any] = msgspec.field(default_factory=dict)  # free-form
+    session_config: dict[str, str] = msgspec.field(default_factory=dict)  # ONNX Runtime session config entries
+
+
+class _ManifestFile(Schema, frozen=True):
+    format_version: Literal[1]
+    name: Name
+    version: Name
+    default_precision: Name
+    input: _InputFile
+    outputs: Annotated[tuple[_OutputFile, ...], Meta(min_length=1)]
+    artifacts: Annotated[dict[str, _ArtifactFile], Meta(min_length=1)]
+    description: str = ""
+    postprocess: dict[str, Any] = msgspec.field(default_factory=dict)  # free-form
+    metrics: dict[str, Any] = msgspec.field(default_factory=dict)  # by precision, free-form
 
 
 def load_manifest(path: Path | str) -> Manifest:
-    """Load and validate a manifest. Does not hash artifacts (call :meth:`Artifact.verify`)."""
+    """Load and validate a manifest. Does not hash artifacts (call :meth:`Artifact.verify`).
+
+    Raises:
+        ManifestError: the file is unreadable or invalid; the message names the file and the full key path.
+    """
     path = Path(path).resolve()
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"model manifest {path} not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ManifestError(f"{path}: invalid TOML: {e}") from e
-    where = str(path)
-    if raw.get("format_version") != 1:
-        raise ManifestError(f"{where}: format_version must be 1, got {raw.get('format_version')!r}")
-    inp = _req(raw, "input", dict, where)
-    input_spec = InputSpec(
-        name=_req(inp, "name", str, f"{where} [input]"),
-        shape=_shape(_req(inp, "shape", list, f"{where} [input]"), f"{where} [input]"),
-        dtype=_req(inp, "dtype", str, f"{where} [input]"),
-        preprocess=dict(inp.get("preprocess", {})),
-    )
-    if len(input_spec.shape) != 4:
-        raise ManifestError(f"{where} [input]: shape must be [B, C, H, W], got {list(input_spec.shape)}")
-    outputs = []
-    for i, out in enumerate(_req(raw, "outputs", list, where)):
-        w = f"{where} [[outputs]][{i}]"
-        shape = _shape(_req(out, "shape", list, w), w)
-        if shape[0] != input_spec.batch_size:
-            raise ManifestError(f"{w}: first dimension {shape[0]} != batch size {input_spec.batch_size}")
-        outputs.append(OutputSpec(_req(out, "name", str, w), shape, str(out.get("meaning", ""))))
-    artifacts = {}
-    for key, art in _req(raw, "artifacts", dict, where).items():
-        w = f"{where} [artifacts.{key}]"
-        block = art.get("block_size")
-        artifacts[key] = Artifact(
-            precision=_req(art, "precision", str, w),
-            path=(path.parent / _req(art, "file", str, w)).resolve(),
-            sha256=_req(art, "sha256", str, w).lower(),
-            size_bytes=int(_req(art, "bytes", int, w)),
-            block_size=int(block) if block is not None else None,
-            build=dict(art.get("build", {})),
-            session_config={str(k): str(v) for k, v in art.get("session_config", {}).items()},
-            tolerance=float(_req(art, "tolerance", (int, float), w)) if "tolerance" in art else DEFAULT_TOLERANCE,
+    where = f"model manifest {path}: key"
+    raw = convert(read_toml(path, "model manifest", ManifestError), _ManifestFile, where=where, error=ManifestError)
+    input_spec = InputSpec(raw.input.name, raw.input.shape, raw.input.dtype, dict(raw.input.preprocess))
+    for i, out in enumerate(raw.outputs):
+        if out.shape[0] != input_spec.batch_size:
+            raise ManifestError(f"{where} outputs[{i}].shape: first dimension {out.shape[0]} != batch size "
+                                f"{input_spec.batch_size} (input.shape[0])")
+    if raw.default_precision not in raw.artifacts:
+        raise ManifestError(f"{where} default_precision: {raw.default_precision!r} has no artifact; have "
+                            f"{sorted(raw.artifacts)}")
+    artifacts = {
+        key: Artifact(
+            precision=art.precision,
+            path=(path.parent / art.file).resolve(),
+            sha256=art.sha256.lower(),
+            size_bytes=art.bytes,
+            block_size=art.block_size,
+            build=dict(art.build),
+            session_config=dict(art.session_config),
+            tolerance=art.tolerance,
         )
-    if not artifacts:
-        raise ManifestError(f"{where}: [artifacts] is empty")
-    default = _req(raw, "default_precision", str, where)
-    if default not in artifacts:
-        raise ManifestError(f"{where}: default_precision {default!r} has no artifact; have {sorted(artifacts)}")
+        for key, art in raw.artifacts.items()
+    }
     return Manifest(
         path=path,
-        name=_req(raw, "name", str, where),
-        version=_req(raw, "version", str, where),
-        description=str(raw.get("description", "")),
-        default_precision=default,
+        name=raw.name,
+        version=raw.version,
+        description=raw.description,
+        default_precision=raw.default_precision,
         input=input_spec,
-        outputs=tuple(outputs),
-        postprocess=dict(raw.get("postprocess", {})),
+        outputs=tuple(OutputSpec(o.name, o.shape, o.meaning) for o in raw.outputs),
+        postprocess=dict(raw.postprocess),
         artifacts=artifacts,
-        metrics=dict(raw.get("metrics", {})),
+        metrics=dict(raw.metrics),
     )

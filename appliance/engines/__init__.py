@@ -10,17 +10,21 @@ with the ``[gpu]`` extra serves on the CPU and says why. ``backend_report()`` is
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import typing
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
+import msgspec
 import numpy as np
 
-from appliance.engines.base import Engine, EngineOptions
+from appliance.engines.base import Engine, EngineOptions, EngineOptionsSchema
 from appliance.errors import BackendUnavailable, EngineError
 
-__all__ = ["AUTO_ORDER", "BACKENDS", "AutoEngine", "Engine", "EngineOptions", "backend_report", "declared_options",
-           "resolve"]
+__all__ = ["AUTO_ORDER", "BACKENDS", "AutoEngine", "Engine", "EngineOptions", "EngineOptionsSchema", "backend_report",
+           "declared_options", "options_schema", "resolve"]
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +61,40 @@ def _why(name: str) -> str | None:
         return f"import failed: {e}"
 
 
-def declared_options(name: str) -> dict[str, str]:
-    """The ``[engine.options]`` keys backend ``name`` accepts (its class's ``OPTIONS``)."""
+def declared_options(name: str) -> type[EngineOptionsSchema]:
+    """The typed ``[engine.options]`` backend ``name`` accepts (its class's ``OPTIONS``)."""
     try:
-        return dict(_load_class(name).OPTIONS)
+        return _load_class(name).OPTIONS
     except ImportError:  # the backend's module cannot even be imported here: it declares nothing usable
-        return {}
+        return EngineOptionsSchema
+
+
+def options_schema(names: Iterable[str]) -> type[EngineOptionsSchema]:
+    """The options schema of one backend, or one merging the options of several (``auto`` may pick any).
+
+    A key declared by more than one backend keeps the first one's type and default.
+    """
+    return _options_schema(tuple(names))
+
+
+@functools.cache
+def _options_schema(names: tuple[str, ...]) -> type[EngineOptionsSchema]:
+    schemas = [declared_options(name) for name in names]
+    if len(schemas) == 1:
+        return schemas[0]
+    fields: dict[str, tuple[str, Any, Any]] = {}
+    for schema in schemas:
+        hints = typing.get_type_hints(schema, include_extras=True)
+        for f in msgspec.structs.fields(schema):
+            default = f.default
+            if default is msgspec.NODEFAULT:
+                default = msgspec.field(default_factory=f.default_factory)
+            fields.setdefault(f.name, (f.name, hints[f.name], default))
+    name = "EngineOptions_" + "_".join(n.replace("-", "_") for n in names)
+    merged = msgspec.defstruct(name, list(fields.values()), bases=(EngineOptionsSchema,), frozen=True,
+                               forbid_unknown_fields=True, kw_only=True, module=__name__)
+    globals()[name] = merged  # picklable by name, like the declared ones
+    return typing.cast(type[EngineOptionsSchema], merged)
 
 
 def backend_report() -> dict[str, str | None]:

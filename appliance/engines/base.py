@@ -18,16 +18,39 @@ Contract:
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import msgspec
 import numpy as np
 
 from appliance.errors import EngineError
 from appliance.manifest import Artifact, Manifest
 
-__all__ = ["Engine", "EngineOptions"]
+__all__ = [
+    "DeviceId", "Engine", "EngineOptions", "EngineOptionsSchema", "OptimizationLevel", "Precision", "WorkspaceBytes",
+]
 
 EngineOptions = dict[str, Any]
+
+
+class EngineOptionsSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The ``[engine.options]`` a backend reads from the config file: none (subclass it to declare some).
+
+    A backend declares its options as a subclass with typed, defaulted fields (ranges as
+    ``Annotated[..., msgspec.Meta(...)]``) and names it in ``Engine.OPTIONS``; the config loader converts the
+    table with it, so an unknown key, a wrong type or an out-of-range value is refused naming the key.
+    """
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as the plain dict an engine constructor takes (unset optional ones left out)."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+
+#: TensorRT builder options shared by the ``tensorrt`` and ``onnxruntime-tensorrt`` backends.
+Precision = str  # an artifact precision of the manifest, e.g. "w4a16" or "fp16"
+WorkspaceBytes = Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)]
+OptimizationLevel = Annotated[int, msgspec.Meta(ge=0, le=5)]
+DeviceId = Annotated[int, msgspec.Meta(ge=0, le=63)]
 
 
 class Engine(abc.ABC):
@@ -39,9 +62,9 @@ class Engine(abc.ABC):
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
     #: Batches that may be submitted before the oldest result is collected (see the module docstring).
     max_in_flight: ClassVar[int] = 1
-    #: ``[engine.options]`` keys this backend reads from the config file, name -> meaning. Any other key in
-    #: the file is a config error (appliance.config). Test-only objects (clocks, events) are not listed.
-    OPTIONS: ClassVar[dict[str, str]] = {}
+    #: The typed ``[engine.options]`` this backend reads from the config file. Any other key in the file is a
+    #: config error (appliance.config). Test-only objects (clocks, events) are not declared.
+    OPTIONS: ClassVar[type[EngineOptionsSchema]] = EngineOptionsSchema
     #: The default :meth:`submit`'s finished batches, ticket -> outputs (created on first use).
     _pending_results: dict[object, dict[str, np.ndarray]]
 

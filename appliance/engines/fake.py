@@ -9,15 +9,25 @@ test can put a known image into a request and predict the reply exactly. Every b
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
+from msgspec import Meta
 
 from appliance.clock import Clock, RealClock
-from appliance.engines.base import Engine
+from appliance.engines.base import Engine, EngineOptionsSchema
 from appliance.errors import EngineDeadError, EngineError
 
-__all__ = ["FakeEngine"]
+__all__ = ["FakeEngine", "FakeOptions"]
+
+
+class FakeOptions(EngineOptionsSchema, frozen=True):
+    """``[engine.options]`` of the fake engine (``backend = "fake"``)."""
+
+    latency_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 0.0  # seconds slept per batch
+    fail_batches: tuple[Annotated[int, Meta(ge=0)], ...] = ()  # batch numbers that raise EngineError
+    dead_after: Annotated[int, Meta(ge=0)] | None = None  # batch number from which EngineDeadError is raised
+    hang_after: Annotated[int, Meta(ge=0)] | None = None  # batch number from which run() blocks forever
 
 
 class FakeEngine(Engine):
@@ -31,12 +41,7 @@ class FakeEngine(Engine):
 
     name = "fake"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}
-    OPTIONS: ClassVar[dict[str, str]] = {
-        "latency_s": "seconds slept per batch",
-        "fail_batches": "batch numbers that raise EngineError",
-        "dead_after": "batch number from which EngineDeadError is raised",
-        "hang_after": "batch number from which run() blocks forever",
-    }
+    OPTIONS: ClassVar[type[EngineOptionsSchema]] = FakeOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

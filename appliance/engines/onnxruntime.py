@@ -24,18 +24,21 @@ import importlib.metadata
 import logging
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
+from msgspec import Meta
 
-from appliance.engines.base import Engine
+from appliance.engines.base import DeviceId, Engine, EngineOptionsSchema, OptimizationLevel, Precision, WorkspaceBytes
 from appliance.errors import BackendUnavailable, EngineDeadError, EngineError
 
 __all__ = [
     "PROBE_GRAPH",
     "OrtCpuEngine",
     "OrtCudaEngine",
+    "OrtCudaOptions",
     "OrtTensorrtEngine",
+    "OrtTensorrtOptions",
     "check_distributions",
     "probe_provider",
 ]
@@ -254,11 +257,30 @@ class _OrtGpuEngine(_OrtEngine):
         return so
 
 
+class OrtCudaOptions(EngineOptionsSchema, frozen=True):
+    """``[engine.options]`` of the ``onnxruntime-cuda`` backend."""
+
+    device_id: DeviceId = 0  # CUDA device
+    cuda_graph: bool = True  # replay each batch through a captured CUDA graph
+    gpu_mem_limit: Annotated[int, Meta(ge=1 << 20, le=1 << 50)] | None = None  # the CUDA arena's cap; unset = none
+
+
+class OrtTensorrtOptions(EngineOptionsSchema, frozen=True):
+    """``[engine.options]`` of the ``onnxruntime-tensorrt`` backend."""
+
+    precision: Precision = "w4a16"  # the artifact TensorRT builds from ("w4a16" or "fp16")
+    device_id: DeviceId = 0  # CUDA device
+    workspace_bytes: WorkspaceBytes = 2 << 30  # builder workspace
+    optimization_level: OptimizationLevel = 3  # TensorRT builder optimisation level
+    cuda_graph: bool = True  # let the provider capture and replay a CUDA graph
+
+
 class OrtCudaEngine(_OrtGpuEngine):
     """ONNX Runtime on CUDA with fixed device buffers (IOBinding) replayed through a CUDA graph."""
 
     name = "onnxruntime-cuda"
     PROVIDER = "CUDAExecutionProvider"
+    OPTIONS: ClassVar[type[EngineOptionsSchema]] = OrtCudaOptions
     #: Where the bound buffers live (tests bind on "cpu" to exercise the binding path without a GPU).
     BIND_DEVICE: ClassVar[str] = "cuda"
 
@@ -315,6 +337,7 @@ class OrtTensorrtEngine(_OrtGpuEngine):
 
     name = "onnxruntime-tensorrt"
     PROVIDER = "TensorrtExecutionProvider"
+    OPTIONS: ClassVar[type[EngineOptionsSchema]] = OrtTensorrtOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from appliance.engines.base import Engine
+from appliance.engines.base import Engine, EngineOptionsSchema, OptimizationLevel, Precision, WorkspaceBytes
 from appliance.errors import BackendUnavailable, EngineDeadError, EngineError
 
-__all__ = ["MIN_COMPUTE_CAPABILITY", "TensorrtEngine"]
+__all__ = ["MIN_COMPUTE_CAPABILITY", "TensorrtEngine", "TensorrtOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,15 @@ def _view(ptr: int, shape: tuple[int, ...]) -> np.ndarray:
     """A float32 numpy view of host memory at ``ptr``."""
     n = int(np.prod(shape))
     return np.ctypeslib.as_array((ctypes.c_float * n).from_address(int(ptr))).reshape(shape)
+
+
+class TensorrtOptions(EngineOptionsSchema, frozen=True):
+    """``[engine.options]`` of the ``tensorrt`` backend (docs/gpu.md)."""
+
+    precision: Precision = "w4a16"  # the artifact the plan is built from ("w4a16" or "fp16")
+    workspace_bytes: WorkspaceBytes = 2 << 30  # builder workspace
+    optimization_level: OptimizationLevel = 3  # TensorRT builder optimisation level
+    cuda_graph: bool = True  # replay each batch through a captured CUDA graph
 
 
 class TensorrtEngine(Engine):
@@ -61,6 +70,7 @@ class TensorrtEngine(Engine):
         "tensorrt-cu13": "TensorRT >=10.13,<11 from NVIDIA's index (docs/gpu.md)",
         "cuda-bindings": "the CUDA runtime binding (the [gpu] extra)",
     }
+    OPTIONS: ClassVar[type[EngineOptionsSchema]] = TensorrtOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import grpc
 import numpy as np
+from msgspec import Meta
 
-from appliance.engines.base import Engine
+from appliance.engines.base import Engine, EngineOptionsSchema
 from appliance.errors import BackendUnavailable, EngineError
 
-__all__ = ["TritonEngine"]
+__all__ = ["TritonEngine", "TritonOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,23 @@ def _stubs() -> tuple[Any, Any]:
     return grpc_service_pb2, grpc_service_pb2_grpc
 
 
+class TritonOptions(EngineOptionsSchema, frozen=True):
+    """``[engine.options]`` of the triton backend (``backend = "triton"``)."""
+
+    url: str = ""  # host:port of the remote Triton / KServe v2 gRPC endpoint (required to load)
+    model_name: str = ""  # remote model name; "" = the manifest's
+    model_version: str = ""  # remote model version; "" = any
+    timeout_s: Annotated[float, Meta(ge=0.001, le=3600.0)] = 10.0  # deadline of one batch
+    # How long load() waits for the remote model to be ready.
+    load_timeout_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 60.0
+
+
 class TritonEngine(Engine):
     """Runs each batch on a remote Triton over KServe v2 gRPC. Never chosen by ``auto``."""
 
     name = "triton"
     DEPENDENCIES: ClassVar[dict[str, str]] = {}  # grpcio and the vendored stubs are core dependencies
-    OPTIONS: ClassVar[dict[str, str]] = {
-        "url": "host:port of the remote Triton / KServe v2 gRPC endpoint",
-        "model_name": "remote model name (default: the manifest's)",
-        "model_version": "remote model version (default: any)",
-        "timeout_s": "deadline of one batch (default 10 s)",
-        "load_timeout_s": "how long load() waits for the remote model to be ready (default 60 s)",
-    }
+    OPTIONS: ClassVar[type[EngineOptionsSchema]] = TritonOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

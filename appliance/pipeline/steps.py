@@ -1,27 +1,89 @@
 """The preprocessing steps a pipeline may name, in the one order they run (:data:`STEPS`).
 
+Each step's ``[[steps]]`` table is a frozen, typed :class:`StepParams` Struct tagged by its ``name`` (a tagged
+union, :data:`AnyStep`), so the pipeline loader (:mod:`appliance.pipeline.loader`) refuses an unknown step, an
+unknown or missing parameter, a wrong type or an out-of-range value by its key path.
+
 Every step writes float32 in place in one full-resolution scratch buffer (:class:`Frame`); the resize writes
 into the caller's batch slot. pydicom's float64 LUT helpers are not used (docs/dicom.md).
 """
 
 from __future__ import annotations
 
-import math
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from msgspec import Meta
 
 from appliance.dicom import DicomInstance, tag_name
 from appliance.errors import DicomError
 from appliance.pipeline.kernels import resize_area_into, window_to_unit
+from appliance.schema import Schema
 
-__all__ = ["NUMBER", "ORDER", "REQUIRED", "STEPS", "Frame", "FrameInfo", "Step", "StepSpec", "load_frame"]
+__all__ = [
+    "ORDER",
+    "STEPS",
+    "AnyStep",
+    "Frame",
+    "FrameInfo",
+    "InvertMonochrome1",
+    "ModalityLut",
+    "Normalize",
+    "Resize",
+    "Step",
+    "StepParams",
+    "StepSpec",
+    "Window",
+    "load_frame",
+]
 
 
 LUMA = np.asarray([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as YBR_FULL defines Y
+
+#: A finite value in modality units or on the [0, 1] scale (TOML's inf and nan are refused).
+Finite = Annotated[float, Meta(ge=-1e6, le=1e6)]
+
+
+class StepParams(Schema, frozen=True, tag_field="name"):
+    """One ``[[steps]]`` table: the step's ``name`` (the tag) and its typed parameters."""
+
+
+class ModalityLut(StepParams, frozen=True, tag="modality_lut"):
+    """``modality_lut``: stored values to modality units (no parameters)."""
+
+
+class Window(StepParams, frozen=True, tag="window"):
+    """``window``: a linear window to [0, 1]."""
+
+    center: Finite  # modality units (HU for CT)
+    width: Annotated[float, Meta(ge=1.0, le=1e6)]  # modality units
+    source: Literal["pipeline", "file"] = "pipeline"  # "file": the file's VOI window when usable
+
+
+class InvertMonochrome1(StepParams, frozen=True, tag="invert_monochrome1"):
+    """``invert_monochrome1``: MONOCHROME1 becomes MONOCHROME2 (no parameters)."""
+
+
+class Resize(StepParams, frozen=True, tag="resize"):
+    """``resize``: to the model's H x W, into the batch slot."""
+
+    method: Literal["area"] = "area"  # only the area resize is implemented
+
+
+class Normalize(StepParams, frozen=True, tag="normalize"):
+    """``normalize``: ``none`` keeps [0, 1]; ``meanstd`` applies ``(x - mean) / std``."""
+
+    kind: Literal["none", "meanstd"] = "none"
+    mean: Finite = 0.0
+    std: Annotated[float, Meta(gt=0.0, le=1e6)] = 1.0
+
+
+#: Every step's table, in the one order steps run (a tagged union on ``name``). Register new steps here.
+AnyStep = ModalityLut | Window | InvertMonochrome1 | Resize | Normalize
 
 
 @dataclass(frozen=True)
@@ -54,7 +116,7 @@ class Frame:
         self.resized = False
 
 
-def _step_modality_lut(fr: Frame, params: Mapping[str, Any]) -> None:
+def _step_modality_lut(fr: Frame, params: ModalityLut) -> None:
     """Stored values -> modality units (HU for CT), in place, float32."""
     if fr.colour or fr.inst.pixel_keyword != "PixelData":
         return  # colour has no modality LUT; float pixel data is already in real-world units
@@ -72,23 +134,23 @@ def _step_modality_lut(fr: Frame, params: Mapping[str, Any]) -> None:
         np.add(fr.image, np.float32(intercept), out=fr.image)
 
 
-def _step_window(fr: Frame, params: Mapping[str, Any]) -> None:
+def _step_window(fr: Frame, params: Window) -> None:
     """Linear window to [0, 1] with :func:`window_to_unit`; the file's VOI when asked and usable."""
-    center, width = float(params["center"]), float(params["width"])
-    if params["source"] == "file":
+    center, width = params.center, params.width
+    if params.source == "file":
         voi = fr.inst.voi_window(fr.index)
         if voi is not None:
             center, width = voi
     window_to_unit(fr.image, center, width, out=fr.image)
 
 
-def _step_invert_monochrome1(fr: Frame, params: Mapping[str, Any]) -> None:
+def _step_invert_monochrome1(fr: Frame, params: InvertMonochrome1) -> None:
     """MONOCHROME1 (minimum is white) -> MONOCHROME2 on [0, 1] data: ``1 - x``."""
     if fr.inst.photometric == "MONOCHROME1":
         np.subtract(np.float32(1.0), fr.image, out=fr.image)
 
 
-def _step_resize(fr: Frame, params: Mapping[str, Any]) -> None:
+def _step_resize(fr: Frame, params: Resize) -> None:
     """Area resize to the model's H x W, straight into every channel of the slot."""
     resize_area_into(fr.image, fr.out[0])
     for c in range(1, fr.out.shape[0]):
@@ -97,69 +159,42 @@ def _step_resize(fr: Frame, params: Mapping[str, Any]) -> None:
     fr.resized = True
 
 
-def _step_normalize(fr: Frame, params: Mapping[str, Any]) -> None:
+def _step_normalize(fr: Frame, params: Normalize) -> None:
     """``none`` leaves the windowed [0, 1] values; ``meanstd`` applies ``(x - mean) / std``."""
-    if params["kind"] == "meanstd":
-        np.subtract(fr.image, np.float32(params["mean"]), out=fr.image)
-        np.multiply(fr.image, np.float32(1.0 / float(params["std"])), out=fr.image)
+    if params.kind == "meanstd":
+        np.subtract(fr.image, np.float32(params.mean), out=fr.image)
+        np.multiply(fr.image, np.float32(1.0 / params.std), out=fr.image)
 
 
 @dataclass(frozen=True)
 class StepSpec:
-    """A registered step: its function, parameters (name -> (types, default)) and a parameter check."""
+    """A registered step: its name, its function and its parameter table type."""
 
     name: str
-    apply: Callable[[Frame, Mapping[str, Any]], None]
-    params: Mapping[str, tuple[tuple[type, ...], Any]]  # default REQUIRED means the key must be given
-    check: Callable[[Mapping[str, Any]], str | None] | None = None  # returns "key: problem" or None
+    apply: Callable[[Frame, Any], None]  # called with the step's own StepParams subclass
+    params: type[StepParams]
 
 
-REQUIRED = object()
-NUMBER = (int, float)
+_APPLY: dict[type[StepParams], Callable[[Frame, Any], None]] = {
+    ModalityLut: _step_modality_lut,
+    Window: _step_window,
+    InvertMonochrome1: _step_invert_monochrome1,
+    Resize: _step_resize,
+    Normalize: _step_normalize,
+}
 
 
-def _check_window(p: Mapping[str, Any]) -> str | None:
-    if p["source"] not in ("pipeline", "file"):
-        return f"source: must be 'pipeline' or 'file', got {p['source']!r}"
-    if not math.isfinite(p["center"]):
-        return "center: must be finite"
-    if not (math.isfinite(p["width"]) and p["width"] >= 1):
-        return f"width: must be >= 1, got {p['width']!r}"
-    return None
+def _registry() -> Mapping[str, StepSpec]:
+    steps: dict[str, StepSpec] = {}
+    for cls in typing.get_args(AnyStep):
+        tag = cls.__struct_config__.tag
+        assert isinstance(tag, str), cls
+        steps[tag] = StepSpec(tag, _APPLY[cls], cls)
+    return MappingProxyType(steps)
 
 
-def _check_resize(p: Mapping[str, Any]) -> str | None:
-    return None if p["method"] == "area" else f"method: only 'area' is implemented, got {p['method']!r}"
-
-
-def _check_normalize(p: Mapping[str, Any]) -> str | None:
-    if p["kind"] not in ("none", "meanstd"):
-        return f"kind: must be 'none' or 'meanstd', got {p['kind']!r}"
-    if p["kind"] == "meanstd" and not (math.isfinite(p["std"]) and p["std"] > 0):
-        return f"std: must be > 0, got {p['std']!r}"
-    return None
-
-
-STEPS: Mapping[str, StepSpec] = MappingProxyType(
-    {
-        "modality_lut": StepSpec("modality_lut", _step_modality_lut, {}),
-        "window": StepSpec(
-            "window",
-            _step_window,
-            {"center": (NUMBER, REQUIRED), "width": (NUMBER, REQUIRED), "source": ((str,), "pipeline")},
-            _check_window,
-        ),
-        "invert_monochrome1": StepSpec("invert_monochrome1", _step_invert_monochrome1, {}),
-        "resize": StepSpec("resize", _step_resize, {"method": ((str,), "area")}, _check_resize),
-        "normalize": StepSpec(
-            "normalize",
-            _step_normalize,
-            {"kind": ((str,), "none"), "mean": (NUMBER, 0.0), "std": (NUMBER, 1.0)},
-            _check_normalize,
-        ),
-    }
-)
-"""The step registry, in the one order steps run. Register new steps here (import time only)."""
+STEPS: Mapping[str, StepSpec] = _registry()
+"""The step registry, in the one order steps run (the order of :data:`AnyStep`)."""
 
 ORDER = {name: i for i, name in enumerate(STEPS)}
 
@@ -169,7 +204,7 @@ class Step:
     """One configured step of a pipeline."""
 
     spec: StepSpec
-    params: Mapping[str, Any]  # read-only, defaults filled in
+    params: StepParams  # the typed table, defaults filled in (an instance of ``spec.params``)
 
     @property
     def name(self) -> str:

@@ -93,8 +93,9 @@ class App:
         self.postprocess = Postprocessor(self.manifest)
         # engine + slot arena + batcher (the engine is loaded on its own thread in start())
         engine_cls, self.skipped_backends = resolve(config.engine.backend)
-        options = {"intra_op_threads": config.engine.intra_op_threads, "allow_spinning": config.engine.allow_spinning}
-        options.update(config.engine.options)
+        options: dict[str, Any] = {"intra_op_threads": config.engine.intra_op_threads,
+                                   "allow_spinning": config.engine.allow_spinning}
+        options.update(config.engine.options.as_dict())
         options.update(engine_options or {})
         self.engine = engine_cls(self.manifest, self.artifact, options)
         self.pacer = Pacer(self.clock)

@@ -17,7 +17,7 @@ from appliance.batching.batcher import Batcher, Pacer
 from appliance.clock import Clock
 from appliance.config import ThermalSection
 from appliance.errors import ConfigError, Unavailable
-from appliance.governor import Governor, ThermalConfig
+from appliance.governor import Governor
 from appliance.serving.health import HealthState, ServiceState
 from appliance.serving.metrics import Metrics
 from appliance.thermal.control import HealthAction, ThermalController, health_action
@@ -29,21 +29,19 @@ log = logging.getLogger(__name__)
 
 
 def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:
-    """Build the thermometer + governor + controller from ``[thermal]``; errors name the key.
+    """Build the thermometer + governor + controller from ``[thermal]`` (already typed and checked at load).
 
     With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".
     """
+    sim = section.sim
     try:
-        governor_config = ThermalConfig(**section.governor)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config key thermal.governor: {e}") from e
-    try:
-        thermometer = make_thermometer(section.sensor, clock=clock, **section.sim)
+        thermometer = make_thermometer(section.sensor, clock=clock, plant=sim.plant, sensor=sim.sensor_params(),
+                                       ambient_c=sim.ambient_c)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key thermal.sim: {e}") from e
     return ThermalController(
         thermometer,
-        Governor(governor_config),
+        Governor(section.governor),
         clock=clock,
         busy_source=busy,
         require_sensor=gpu_engine and section.sensor != "none",

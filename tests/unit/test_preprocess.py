@@ -239,31 +239,45 @@ BASE = CT_PIPELINE_TOML.read_text(encoding="utf-8")
 
 # (id, replace this, with this, substrings of the ConfigError message)
 CONFIG_ERRORS = [
-    ("unknown-top-key", "format_version = 1", "format_version = 1\nwindow = 3", ["unknown key 'window'"]),
+    ("unknown-top-key", "format_version = 1", "format_version = 1\nwindow = 3",
+     ["key window: unknown key", "known: accept, description"]),
     ("unknown-step", 'name = "invert_monochrome1"', 'name = "blur"', ["steps[2].name", "'blur'"]),
-    ("unknown-param", "width = 1500.0", "width = 1500.0\ncentre = 1.0", ["(window)", "unknown key 'centre'"]),
-    ("wrong-type", "width = 1500.0", 'width = "wide"', ["(window).width"]),
-    ("missing-param", "center = -600.0", "", ["(window)", "missing key 'center'"]),
-    ("width-below-1", "width = 1500.0", "width = 0.5", ["(window).width"]),
-    ("bad-source", 'source = "pipeline"', 'source = "header"', ["(window).source"]),
-    ("resize-method", 'method = "area"', 'method = "bicubic"', ["(resize).method"]),
-    ("normalize-kind", 'kind = "none"', 'kind = "zscore"', ["(normalize).kind"]),
+    ("unknown-param", "width = 1500.0", "width = 1500.0\ncentre = 1.0",
+     ["key steps[1].centre: unknown key", "known: center, source, width"]),
+    ("wrong-type", "width = 1500.0", 'width = "wide"', ["key steps[1].width: expected float, got str 'wide'"]),
+    ("missing-param", "center = -600.0", "", ["key steps[1].center: missing (required)"]),
+    ("width-below-1", "width = 1500.0", "width = 0.5", ["key steps[1].width: expected float >= 1.0, got 0.5"]),
+    ("bad-source", 'source = "pipeline"', 'source = "header"',
+     ["key steps[1].source: expected one of 'file', 'pipeline', got 'header'"]),
+    ("resize-method", 'method = "area"', 'method = "bicubic"',
+     ["key steps[3].method: expected one of 'area', got 'bicubic'"]),
+    ("normalize-kind", 'kind = "none"', 'kind = "zscore"',
+     ["key steps[4].kind: expected one of 'meanstd', 'none', got 'zscore'"]),
     ("order", 'name = "modality_lut"', 'name = "normalize"', ["steps[1].name", "after"]),
     (
         "accept-unknown-key",
         'colour = "reject"',
         'colour = "reject"\nbody_parts = ["CHEST"]',
-        ["[accept]", "unknown key 'body_parts'"],
+        ["key accept.body_parts: unknown key", "known: colour, modalities, sop_classes"],
     ),
-    ("accept-colour", 'colour = "reject"', 'colour = "keep"', ["[accept].colour"]),
-    ("sop-class-keyword", '"CTImageStorage",', '"CTImageStorag",', ["sop_classes", "'CTImageStorag'"]),
+    ("accept-colour", 'colour = "reject"', 'colour = "keep"',
+     ["key accept.colour: expected one of 'luminance', 'reject', got 'keep'"]),
+    ("sop-class-keyword", '"CTImageStorage",', '"CTImageStorag",', ["key accept.sop_classes[0]", "'CTImageStorag'"]),
     ("model-missing", 'model = "ct-nodule"', 'model = "nope"', ["model = 'nope'"]),
-    ("bad-toml", "[accept]", "[accept", ["cannot read TOML"]),
+    ("bad-toml", "[accept]", "[accept", ["is not valid TOML"]),
+    ("format-version", "format_version = 1", "format_version = 2", ["key format_version: expected one of 1, got 2"]),
+    ("center-inf", "center = -600.0", "center = inf", ["key steps[1].center: expected float <= 1000000.0, got inf"]),
+    ("center-nan", "center = -600.0", "center = nan", ["key steps[1].center", "got nan"]),
+    ("step-without-name", 'name = "invert_monochrome1"', "", ["key steps[2].name: missing (required)"]),
+    ("empty-modalities", 'modalities = ["CT"]', "modalities = []", ["key accept.modalities", "length >= 1"]),
+    ("modality-type", 'modalities = ["CT"]', "modalities = [1]", ["key accept.modalities[0]: expected str, got int 1"]),
+    ("model-path", 'model = "ct-nodule"', 'model = "../ct-nodule"', ["key model", "'../ct-nodule'"]),
     # contradictions with the model's [input.preprocess] contract
-    ("contract-center", "center = -600.0", "center = -500.0", ["window_center", "-600"]),
-    ("contract-width", "width = 1500.0", "width = 1400.0", ["window_width"]),
-    ("contract-file-voi", 'source = "pipeline"', 'source = "file"', ["'file' contradicts"]),
-    ("contract-normalize", 'kind = "none"', 'kind = "meanstd"\nmean = 0.5\nstd = 0.25', ["window_unit"]),
+    ("contract-center", "center = -600.0", "center = -500.0", ["key steps[1].center", "window_center", "-600"]),
+    ("contract-width", "width = 1500.0", "width = 1400.0", ["key steps[1].width", "window_width"]),
+    ("contract-file-voi", 'source = "pipeline"', 'source = "file"', ["key steps[1].source: 'file' contradicts"]),
+    ("contract-normalize", 'kind = "none"', 'kind = "meanstd"\nmean = 0.5\nstd = 0.25',
+     ["key steps[4].kind", "window_unit"]),
 ]
 
 
@@ -278,6 +292,39 @@ def test_config_errors_name_file_and_key(tmp_path, old, new, needles):
     assert str(path) in message
     for needle in needles:
         assert needle in message
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('model = "m"\nsteps = 3\n', "key steps: expected array, got int 3"),
+        ('model = "m"\nsteps = []\n', "key steps: expected array of length >= 1"),
+        ('model = "m"\nsteps = [3]\n', "key steps[0]: expected table, got int 3"),
+        ('model = "m"\naccept = "CT"\nsteps = [{name = "resize"}]\n', "key accept: expected table, got str 'CT'"),
+        ('steps = [{name = "resize"}]\n', "key model: missing (required)"),
+        ('model = "m"\nsteps = [{name = "resize", method = "area", x = {y = 1}}]\n',
+         "key steps[0].x: unknown table [steps[0].x] (known: method)"),
+        ('model = "m"\nsteps = [{name = "modality_lut", center = 1}, {name = "resize"}]\n',
+         "key steps[0].center: unknown key (known: none)"),
+    ],
+)
+def test_pipeline_shapes_are_named_by_key_path(tmp_path, text, needle):
+    write_manifest(tmp_path / "models", name="m", shape=(1, 1, 2, 2), preprocess={})
+    path = write_pipeline(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(path, tmp_path / "models")
+    assert f"pipeline file {path}: {needle}" in str(info.value)
+
+
+def test_loaded_steps_are_typed_and_frozen(tmp_path):
+    from appliance.pipeline.steps import Window
+
+    pipeline = ct_pipeline(tmp_path)
+    window = pipeline.steps[1].params
+    assert isinstance(window, Window)
+    assert (window.center, window.width, window.source) == (-600.0, 1500.0, "pipeline")
+    with pytest.raises(AttributeError):
+        window.center = 0.0  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("step", ["modality_lut", "invert_monochrome1", "resize"])

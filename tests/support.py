@@ -4,11 +4,14 @@ config for the fake engine, and an App served on loopback from its own event-loo
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import threading
 from pathlib import Path
 
 from appliance.manifest import Manifest, load_manifest
+from appliance.tools.procs import free_port, stop_process
+
+__all__ = ["REPO", "RunningApp", "fake_config", "fake_daemon_config", "fake_daemon_toml", "free_port",
+           "stop_process", "write_fake_model"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,15 +112,6 @@ def fake_config(models_dir: Path, **sections):  # noqa: ANN003, ANN201
     return load_config(None, overrides)
 
 
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def fake_daemon_config(tmp: Path, listen: list[str], *, server: str = "", engine: str = "",
                        metrics: str = "127.0.0.1:0", name: str = "appliance.toml") -> Path:
     """Write :func:`fake_daemon_toml` to ``tmp/<name>`` and return its path."""
@@ -152,14 +146,3 @@ sensor = "none"
 [metrics]
 listen = "{metrics}"
 """
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
-    """SIGTERM ``proc`` and wait; SIGKILL it if it has not exited within ``timeout_s``. Returns its exit code."""
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        return proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait(10)

@@ -33,8 +33,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,17 +49,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from appliance import __version__
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.tools.procs import free_port, stop_process
 
 __all__ = ["main", "run_load"]
 
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def status_fields(stub: pb_grpc.InferenceStub) -> dict[str, Any]:
@@ -111,9 +104,9 @@ class _Daemon:
     """An ``appliance serve`` subprocess on a free loopback port."""
 
     def __init__(self, extra: list[str], log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
-        self.metrics_url = f"http://127.0.0.1:{_free_port()}/metrics"  # never the default 9400
+        self.metrics_url = f"http://127.0.0.1:{free_port()}/metrics"  # never the default 9400
         listen = ["--metrics-listen", self.metrics_url.split("/")[2]]
         cmd = [sys.executable, "-m", "appliance.cli", "serve", "--listen", self.target, *listen, *extra]
         self.log = log_path.open("wb")
@@ -143,12 +136,8 @@ class _Daemon:
         raise TimeoutError(f"daemon not SERVING within {timeout_s} s; see {self.log.name}")
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+            return stop_process(self.proc)
         finally:
             self.log.close()
 

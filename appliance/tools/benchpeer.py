@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +20,7 @@ import grpc
 
 from appliance.serving.kserve_v2 import KServeV2
 from appliance.tools.loadgen import CHANNEL_OPTIONS
+from appliance.tools.procs import free_port, stop_process
 
 __all__ = ["PEER_DIR", "REPO", "TritonPeer", "batch_stats", "check_inputs", "default_peer_python", "triton_metrics"]
 
@@ -32,12 +31,6 @@ PEER_DIR = REPO / "bench" / "peers" / "triton"
 def default_peer_python() -> Path:
     """The peer venv's interpreter (created by ``bench/peers/triton/setup.sh``)."""
     return PEER_DIR / ".venv" / "bin" / "python"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _peer_env() -> dict[str, str]:
@@ -57,11 +50,11 @@ class TritonPeer:
                 "(or make bench-peer)")
         self.instances, self.queue_delay_us, self.intra_op_threads = instances, queue_delay_us, intra_op_threads
         self.ready_s = 0.0
-        self.port = _free_port()
-        self.metrics_port = _free_port()
+        self.port = free_port()
+        self.metrics_port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         cmd = [str(python), str(PEER_DIR / "serve.py"), "--grpc-port", str(self.port),
-               "--http-port", str(_free_port()), "--metrics-port", str(self.metrics_port),
+               "--http-port", str(free_port()), "--metrics-port", str(self.metrics_port),
                "--instances", str(instances), "--queue-delay-us", str(queue_delay_us),
                "--intra-op-threads", str(intra_op_threads),
                "--models-dir", str(REPO / "models"), "--pipeline", str(REPO / "pipelines" / "ct-nodule.toml")]
@@ -101,13 +94,8 @@ class TritonPeer:
 
     def stop(self) -> int:
         """SIGTERM (Triton drains and unloads), then SIGKILL after 30 s."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+            return stop_process(self.proc)
         finally:
             self.log.close()
 

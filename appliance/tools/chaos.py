@@ -337,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the report here too")
     ap.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
     args = ap.parse_args(argv)
-    from appliance.tools.bench import _free_port
+    from appliance.tools.procs import free_port, stop_process
 
-    port = args.port or _free_port()
+    port = args.port or free_port()
     home = Path(__file__).resolve().parents[2]
     with tempfile.TemporaryDirectory() as tmp:
         pipes = Path(tmp) / "pipelines"
@@ -363,12 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             report = asyncio.run(_drive(f"127.0.0.1:{port}", cases, valid, args.duration, args.clients, proc.pid,
                                         args.fault_rate, faults, args.seed))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            stop_process(proc)
             lines = log_path.read_text(errors="replace").splitlines()
     report["daemon_exit_code"] = proc.returncode
     report["daemon_log_lines"] = len(lines)

@@ -28,6 +28,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
+from appliance.tools.procs import stop_process
 from tests.engine_conformance import assert_conforms, reference_batch
 from tests.interop import venvs
 from tests.oip_support import LoopbackOip
@@ -175,12 +176,7 @@ def pytriton(manifest: Manifest, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         yield f"127.0.0.1:{grpc_port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
     if proc.returncode not in (0, -15):
         print(log.read_text()[-3000:])
 

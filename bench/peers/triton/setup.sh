@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create the Triton peer's own venv (outside the appliance's runtime deps), git-ignored:
 #   bench/peers/triton/.venv  with nvidia-pytriton (bundles tritonserver), tritonclient[grpc,http],
-#   and the same onnxruntime / pydicom / decoder plugins the appliance uses (versions read from the
-#   appliance venv so both servers run the same kernels).
+#   and the same onnxruntime / pydicom / decoder plugins the appliance uses, plus msgspec for its loaders
+#   (versions read from the appliance venv so both servers run the same kernels).
 # Usage: bench/peers/triton/setup.sh [APPLIANCE_PYTHON]   (default: .venv/bin/python of the checkout)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -14,7 +14,7 @@ venv="$here/.venv"
 pins=$("$app_py" - <<'PY'
 from importlib.metadata import version, PackageNotFoundError
 for name in ["onnxruntime", "pydicom", "pylibjpeg", "pylibjpeg-libjpeg", "pylibjpeg-openjpeg",
-             "pylibjpeg-rle", "pyjpegls", "pillow"]:
+             "pylibjpeg-rle", "pyjpegls", "pillow", "msgspec"]:
     try:
         print(f"{name}=={version(name)}")
     except PackageNotFoundError:

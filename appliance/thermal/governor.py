@@ -24,8 +24,8 @@ Design (``docs/thermal.md``):
   model made over the last ``sensor_delay_s`` (what the die did that the sensor cannot show yet).
 - Live boost: while the reading is demonstrably live and settled, the target rises by up to ``live_boost_c``
   above ``setpoint_c``; any sign of a fault (a stalled reading while the model says the die warms, read errors
-  past ``hold_s``, BLIND) withdraws it, and readings at ``guard_c`` give it back, so every fault path and the
-  guard keep the commissioned margins.
+  past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
+  and the guard keep the commissioned margins.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
 - The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
   back to the commissioned ``blind_duty`` until ``recover_samples`` good samples; a frozen but
@@ -146,15 +146,16 @@ class ThermalConfig:
     # Live boost, °C: the PI target may rise by up to this much above setpoint_c, at boost_rate_c_per_s, only
     # while the reading is demonstrably live (it moved within what its own history makes plausible, no duty
     # probe) and settled (its 10 s mean within -1/+0.25 °C of the target). It is withdrawn at once on an unseen
-    # model rise (a stalled reading while the die warms), a read error past hold_s, BLIND or stuck; it is given
-    # back by boost_drop_c for each reading at or above guard_c (a noisy or flooring sensor whose upper tail
-    # nears the wall keeps less of it) and decays when the mean runs 0.75 °C over the target. The guard and
-    # every fault path stay at the commissioned values. 0 turns it off (docs/thermal.md).
-    live_boost_c: float = 0.4
+    # model rise (a stalled reading while the die warms), a read error past hold_s, BLIND or stuck; its ceiling
+    # shrinks linearly to 0 as the share of readings at or above guard_c (5 min mean) nears boost_hit_rate (a
+    # noisy or flooring sensor whose upper tail nears the wall keeps less of it), and it decays at 5x its rate
+    # when the 10 s mean runs 0.75 °C over the target. The guard and every fault path stay at the commissioned
+    # values. 0 turns it off (docs/thermal.md).
+    live_boost_c: float = 0.5
     # How fast the live boost comes back, °C/s.
     boost_rate_c_per_s: float = 0.01
-    # Boost given back for each reading at or above guard_c, °C.
-    boost_drop_c: float = 0.1
+    # Share of readings at or above guard_c (5 min mean) at which the boost is gone; it shrinks linearly to it.
+    boost_hit_rate: float = 0.1
     # Emergency: a reading >= emergency_c for emergency_s with duty at minimum pauses dispatch.
     emergency_c: float = 77.0
     # Seconds above emergency_c (at minimum duty) before EMERGENCY.
@@ -167,6 +168,7 @@ class ThermalConfig:
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
             "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
             "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c", "sink_tau_s",
+            "boost_rate_c_per_s", "boost_hit_rate",
         )
         for name in positive:
             value = getattr(self, name)
@@ -255,6 +257,7 @@ class Governor:
         self._check = FrozenCheck(True)
         self._boost = 0.0
         self._smooth: float | None = None
+        self._hits = 0.0
         self._lead_model: float | None = None
         self._lead_hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
         self._hot_since: float | None = None
@@ -468,14 +471,18 @@ class Governor:
         temp = temp + unseen + self.lead_c()
         self._smooth = temp if self._smooth is None else self._smooth + (temp - self._smooth) * min(dt / 10.0, 1.0)
         target = c.setpoint_c + self._boost
+        # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
+        self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)
+        ceiling = c.live_boost_c * max(1.0 - self._hits / c.boost_hit_rate, 0.0)
+        step = c.boost_rate_c_per_s * dt
         if unseen > 0.0:
             self._boost = 0.0
-        elif reading >= c.guard_c:  # the readings' upper tail reaches the guard: give back part of the boost
-            self._boost = max(self._boost - c.boost_drop_c, 0.0)
         elif self._smooth >= target + 0.75:
-            self._boost = max(self._boost - 5.0 * c.boost_rate_c_per_s * dt, 0.0)
+            self._boost = max(self._boost - 5.0 * step, 0.0)
+        elif self._boost > ceiling:
+            self._boost = max(self._boost - step, ceiling)
         elif self._check.may_raise and self._check.probe_cap is None and target - 1.0 <= self._smooth <= target + 0.25:
-            self._boost = min(self._boost + c.boost_rate_c_per_s * dt, c.live_boost_c)
+            self._boost = min(self._boost + step, ceiling)
         e = c.setpoint_c + self._boost - temp
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).

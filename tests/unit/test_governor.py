@@ -223,13 +223,15 @@ def test_live_boost_is_withdrawn_on_sensor_faults() -> None:
     assert gov.state is GovernorState.BLIND and gov.boost_c == 0.0
 
 
-def test_live_boost_is_given_back_when_readings_reach_the_guard() -> None:
+def test_live_boost_shrinks_when_readings_keep_reaching_the_guard() -> None:
     cfg = ThermalConfig(setpoint_c=72.5, guard_c=74.0)
     gov = Governor(cfg)
     live(gov, 600)
     before = gov.boost_c
-    gov.update(600.0, 74.0, 400.0, gov.duty)
-    assert gov.boost_c == pytest.approx(max(before - cfg.boost_drop_c, 0.0))
+    # one reading in six at the guard (a noisy or flooring sensor near the wall): the boost shrinks to 0
+    for i in range(1200):
+        gov.update(600.0 + i, 74.0 if i % 6 == 0 else 72.0 + (i // 3) % 2, 400.0, gov.duty)
+    assert before > 0.0 and gov.boost_c == 0.0
     off = Governor(cfg.replace(live_boost_c=0.0))
     live(off, 600)
     assert off.boost_c == 0.0

@@ -102,6 +102,8 @@ class ThermalConfig:
     hold_s: float = 3.0
     # Consecutive good samples needed to leave BLIND.
     recover_samples: int = 5
+    # After BLIND the duty may rise from blind_duty by at most this much per second.
+    recover_ramp_per_s: float = 0.05
     # Nameplate idle power, W: used until/unless measured power teaches the model.
     p_idle_w: float = 30.0
     # Nameplate power at duty 1, W.
@@ -168,7 +170,7 @@ class ThermalConfig:
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
             "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
             "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c", "sink_tau_s",
-            "boost_rate_c_per_s", "boost_hit_rate",
+            "boost_rate_c_per_s", "boost_hit_rate", "recover_ramp_per_s",
         )
         for name in positive:
             value = getattr(self, name)
@@ -256,6 +258,7 @@ class Governor:
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
         self._check = FrozenCheck(True)
         self._boost = 0.0
+        self._ramp_cap: float | None = None
         self._smooth: float | None = None
         self._hits = 0.0
         self._lead_model: float | None = None
@@ -428,6 +431,10 @@ class Governor:
             if self._state is GovernorState.BLIND and self._good_run < c.recover_samples:
                 return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND,
                                     f"recovering {self._good_run}/{c.recover_samples}", headroom, power, temp)
+            if self._state is GovernorState.BLIND:
+                # the die cooled at the blind duty, so the PI would jump to full duty; one more read error would
+                # then hold that jump for hold_s on a die the sensor has not seen yet: ramp up instead
+                self._ramp_cap = c.blind_duty
         self._error_since = None
         if self._emergency(now_s, temp):
             return self._decide(now_s, 0.0, None, GovernorState.EMERGENCY, "emergency pause", headroom,
@@ -505,6 +512,12 @@ class Governor:
                 budget = cap
                 reason = "guard"
         duty = min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0)
+        if self._ramp_cap is not None:
+            self._ramp_cap += c.recover_ramp_per_s * dt
+            if duty > self._ramp_cap:
+                duty, reason = self._ramp_cap, "recovery ramp"
+            else:
+                self._ramp_cap = None
         if self._check.probe_cap is not None and duty > self._check.probe_cap:
             duty = max(self._check.probe_cap, c.min_duty)
             reason = "stuck probe"

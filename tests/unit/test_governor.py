@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 
 import pytest
@@ -247,3 +248,18 @@ def test_lead_throttles_a_power_rise_the_sensor_cannot_show_yet() -> None:
     a = with_lead.update(60.0, 71.0, 560.0, 1.0)
     b = without.update(60.0, 71.0, 560.0, 1.0)
     assert with_lead.lead_c() > 0.5 and a < b
+
+
+def test_duty_ramps_up_after_blind_instead_of_jumping() -> None:
+    # the die cooled at the blind duty; a jump to full duty followed by one more read error would be held
+    # for hold_s on a die the sensor has not seen yet (a held-out matrix plant reached 75.2 °C that way)
+    cfg = ThermalConfig(setpoint_c=72.5, guard_c=74.0)
+    gov = Governor(cfg)
+    live(gov, 120)
+    drive(gov, [None] * 5, t0=120)
+    assert gov.state is GovernorState.BLIND
+    duties = drive(gov, [66.0] * 20, t0=125, power=200.0, busy=None)
+    after = duties[cfg.recover_samples - 1:]
+    assert after[0] <= cfg.blind_duty + cfg.recover_ramp_per_s + 1e-9
+    assert all(b - a <= cfg.recover_ramp_per_s + 1e-9 for a, b in itertools.pairwise(after))
+    assert after[-1] > cfg.blind_duty  # it does come back

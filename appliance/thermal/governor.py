@@ -20,6 +20,12 @@ Design (``docs/thermal.md``):
   its allowance (``busy ≥ duty − slack``) and the output is not saturated. Below the switch-on
   temperature the integrator is *frozen*, never reset, so a burst after idle starts at the learned
   sustainable budget.
+- Delay compensation: the PI regulates on the reading plus ``lead_gain`` of the change a power-driven die
+  model made over the last ``sensor_delay_s`` (what the die did that the sensor cannot show yet).
+- Live boost: while the reading is demonstrably live and settled, the target rises by up to ``live_boost_c``
+  above ``setpoint_c``; any sign of a fault (a stalled reading while the model says the die warms, read errors
+  past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
+  and the guard keep the commissioned margins.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
 - The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
   back to the commissioned ``blind_duty`` until ``recover_samples`` good samples; a frozen but
@@ -34,7 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
@@ -94,6 +102,8 @@ class ThermalConfig:
     hold_s: float = 3.0
     # Consecutive good samples needed to leave BLIND.
     recover_samples: int = 5
+    # After BLIND the duty may rise from blind_duty by at most this much per second.
+    recover_ramp_per_s: float = 0.05
     # Nameplate idle power, W: used until/unless measured power teaches the model.
     p_idle_w: float = 30.0
     # Nameplate power at duty 1, W.
@@ -131,6 +141,23 @@ class ThermalConfig:
     probe_max_cut: float = 0.4
     # No budget increase while the reading has been unchanged for longer than this, s.
     frozen_hold_s: float = 20.0
+    # Delay compensation: the reading the PI regulates on is the reading plus this fraction of the change a
+    # power-driven die model (die_rise_c, die_tau_s) made over the last sensor_delay_s, i.e. what the die did
+    # that the sensor cannot show yet (a Smith-predictor-like lead). 0 turns it off.
+    lead_gain: float = 0.7
+    # Live boost, °C: the PI target may rise by up to this much above setpoint_c, at boost_rate_c_per_s, only
+    # while the reading is demonstrably live (it moved within what its own history makes plausible, no duty
+    # probe) and settled (its 10 s mean within -1/+0.25 °C of the target). It is withdrawn at once on an unseen
+    # model rise (a stalled reading while the die warms), a read error past hold_s, BLIND or stuck; its ceiling
+    # shrinks linearly to 0 as the share of readings at or above guard_c (5 min mean) nears boost_hit_rate (a
+    # noisy or flooring sensor whose upper tail nears the wall keeps less of it), and it decays at 5x its rate
+    # when the 10 s mean runs 0.75 °C over the target. The guard and every fault path stay at the commissioned
+    # values. 0 turns it off (docs/thermal.md).
+    live_boost_c: float = 0.5
+    # How fast the live boost comes back, °C/s.
+    boost_rate_c_per_s: float = 0.01
+    # Share of readings at or above guard_c (5 min mean) at which the boost is gone; it shrinks linearly to it.
+    boost_hit_rate: float = 0.1
     # Emergency: a reading >= emergency_c for emergency_s with duty at minimum pauses dispatch.
     emergency_c: float = 77.0
     # Seconds above emergency_c (at minimum duty) before EMERGENCY.
@@ -143,12 +170,13 @@ class ThermalConfig:
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
             "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
             "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c", "sink_tau_s",
+            "boost_rate_c_per_s", "boost_hit_rate", "recover_ramp_per_s",
         )
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"ThermalConfig.{name} must be a positive finite number, got {value!r}")
-        for name in ("min_duty", "blind_duty", "busy_slack", "probe_max_cut"):
+        for name in ("min_duty", "blind_duty", "busy_slack", "probe_max_cut", "lead_gain"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"ThermalConfig.{name} must lie in [0, 1], got {value!r}")
@@ -229,6 +257,12 @@ class Governor:
             c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
         self._check = FrozenCheck(True)
+        self._boost = 0.0
+        self._ramp_cap: float | None = None
+        self._smooth: float | None = None
+        self._hits = 0.0
+        self._lead_model: float | None = None
+        self._lead_hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self.sensor_errors = 0
@@ -246,6 +280,11 @@ class Governor:
     def duty(self) -> float:
         """The duty returned by the last update."""
         return self._duty
+
+    @property
+    def boost_c(self) -> float:
+        """The live boost now added to ``setpoint_c``, °C (0 whenever the sensor is not demonstrably live)."""
+        return self._boost
 
     @property
     def integral_w(self) -> float | None:
@@ -283,6 +322,7 @@ class Governor:
             return self._decide(now_s, 0.0, None, GovernorState.STOPPED, f"gpu {error or 'lost'}", None, None)
 
         power = self._power(now_s, power_w, energy_j, busy)
+        self._advance_lead(now_s, power, dt)
         if busy is not None and (power_w is not None or energy_j is not None):
             self._learn_model(power, busy)
         temp, why = self._validate(now_s, temp_c, error)
@@ -317,6 +357,28 @@ class Governor:
             power = c.p_idle_w + max(0.0, min(used, 1.0)) * self._w_per_duty
         return power
 
+    def _advance_lead(self, now_s: float, power: float, dt: float) -> None:
+        c = self.config
+        target = c.die_rise_c * power / (c.p_max_w - c.p_idle_w)
+        if self._lead_model is None:
+            self._lead_model = target
+        else:
+            self._lead_model += (target - self._lead_model) * min(dt / c.die_tau_s, 1.0)
+        self._lead_hist.append((now_s, self._lead_model))
+
+    def lead_c(self) -> float:
+        """What the die model says the die did over the last sensor delay, °C (the delay compensation)."""
+        c = self.config
+        if self._lead_model is None or c.lead_gain <= 0.0 or c.sensor_delay_s <= 0.0:
+            return 0.0
+        then = self._lead_hist[-1][0] - c.sensor_delay_s
+        past = self._lead_hist[0][1]
+        for (t0, m0), (t1, m1) in itertools.pairwise(self._lead_hist):
+            if t0 <= then <= t1:
+                past = m0 + (m1 - m0) * ((then - t0) / (t1 - t0) if t1 > t0 else 1.0)
+                break
+        return c.lead_gain * (self._lead_model - past)
+
     def _learn_model(self, power: float, busy: float) -> None:
         if busy >= 0.3:
             sample = (power - self.config.p_idle_w) / busy
@@ -349,6 +411,8 @@ class Governor:
         if self._error_since is None:
             self._error_since = now_s
         self._hot_since = None
+        if why == "stuck" or self._state is GovernorState.BLIND or now_s - self._error_since >= c.hold_s:
+            self._boost = 0.0
         if why == "stuck":
             return self._decide(now_s, min(c.blind_duty, self._duty) if self._state is GovernorState.BLIND
                                 else c.blind_duty, None, GovernorState.BLIND, self._blind_reason, None, power)
@@ -367,6 +431,10 @@ class Governor:
             if self._state is GovernorState.BLIND and self._good_run < c.recover_samples:
                 return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND,
                                     f"recovering {self._good_run}/{c.recover_samples}", headroom, power, temp)
+            if self._state is GovernorState.BLIND:
+                # the die cooled at the blind duty, so the PI would jump to full duty; one more read error would
+                # then hold that jump for hold_s on a die the sensor has not seen yet: ramp up instead
+                self._ramp_cap = c.blind_duty
         self._error_since = None
         if self._emergency(now_s, temp):
             return self._decide(now_s, 0.0, None, GovernorState.EMERGENCY, "emergency pause", headroom,
@@ -405,8 +473,24 @@ class Governor:
         w = self._w_per_duty
         p_lo = c.p_idle_w + c.min_duty * w
         p_hi = c.p_idle_w + w
-        temp = temp + self._frozen.unseen_rise()
-        e = c.setpoint_c - temp
+        reading = temp
+        unseen = self._frozen.unseen_rise()
+        temp = temp + unseen + self.lead_c()
+        self._smooth = temp if self._smooth is None else self._smooth + (temp - self._smooth) * min(dt / 10.0, 1.0)
+        target = c.setpoint_c + self._boost
+        # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
+        self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)
+        ceiling = c.live_boost_c * max(1.0 - self._hits / c.boost_hit_rate, 0.0)
+        step = c.boost_rate_c_per_s * dt
+        if unseen > 0.0:
+            self._boost = 0.0
+        elif self._smooth >= target + 0.75:
+            self._boost = max(self._boost - 5.0 * step, 0.0)
+        elif self._boost > ceiling:
+            self._boost = max(self._boost - step, ceiling)
+        elif self._check.may_raise and self._check.probe_cap is None and target - 1.0 <= self._smooth <= target + 0.25:
+            self._boost = min(self._boost + step, ceiling)
+        e = c.setpoint_c + self._boost - temp
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).
         kp = (c.kp_cool_w_per_c if e >= 0 else c.kp_hot_w_per_c) * w / (c.p_max_w - c.p_idle_w)
@@ -428,6 +512,12 @@ class Governor:
                 budget = cap
                 reason = "guard"
         duty = min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0)
+        if self._ramp_cap is not None:
+            self._ramp_cap += c.recover_ramp_per_s * dt
+            if duty > self._ramp_cap:
+                duty, reason = self._ramp_cap, "recovery ramp"
+            else:
+                self._ramp_cap = None
         if self._check.probe_cap is not None and duty > self._check.probe_cap:
             duty = max(self._check.probe_cap, c.min_duty)
             reason = "stuck probe"

@@ -224,6 +224,13 @@ class FrozenDetector:
         # and a slowly warming heatsink or room can hold a live die still while the power eases off.
         # a probe is judged on its own effect: the fall the model expects since the probe began
         probe_fall = self._model - self._probe_ref if self._probe_t is not None else 0.0
+        # and, with the heatsink modelled, on the whole fall since the reading last changed: a reading frozen above
+        # the target sees the PI wind the power down for minutes before the probe, which a probe-only reference
+        # misses; the slow node accounts for a warming heatsink that could hold a live die still meanwhile
+        if self._probe_t is not None and s.sink_rise_c > 0.0:
+            total_fall = self._model + (self._sink or 0.0) - self._total_ref
+            if total_fall <= -2.0 * s.probe_expect_c:
+                probe_fall = min(probe_fall, total_fall)
         if expect >= s.stuck_expect_c or probe_fall <= -s.probe_expect_c:
             if self._expect_since is None:
                 self._expect_since = now

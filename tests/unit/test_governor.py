@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 
 import pytest
@@ -188,3 +189,77 @@ def test_without_power_uses_nameplate_model() -> None:
     gov = Governor()
     duties = drive(gov, [73.0] * 60, power=None, busy=None)
     assert all(0.05 <= d <= 1.0 for d in duties) and duties[-1] < duties[0]
+
+
+def live(gov: Governor, seconds: int, t0: float = 0.0, base: float = 72.0) -> None:
+    """A live, settled sensor: the reading dithers between base and base + 1 every few seconds."""
+    for i in range(seconds):
+        gov.update(t0 + i, base + (i // 3) % 2, 400.0, gov.duty)
+
+
+def test_live_boost_grows_only_on_a_live_settled_reading_and_is_bounded() -> None:
+    cfg = ThermalConfig(setpoint_c=72.5, guard_c=74.0)
+    gov = Governor(cfg)
+    live(gov, 600)
+    assert gov.boost_c == pytest.approx(cfg.live_boost_c)
+    # far below the target (warming up after idle): no boost builds up
+    cold = Governor(cfg)
+    drive(cold, [62.0 + (i // 3) % 2 for i in range(600)], power=400.0)
+    assert cold.boost_c == 0.0
+
+
+def test_live_boost_is_withdrawn_on_sensor_faults() -> None:
+    cfg = ThermalConfig(setpoint_c=72.5, guard_c=74.0)
+    gov = Governor(cfg)
+    live(gov, 600)
+    drive(gov, [None] * 2, t0=600)  # a short gap (HOLDING) keeps it
+    assert gov.boost_c > 0.0 and gov.state is GovernorState.HOLDING
+    drive(gov, [None] * 3, t0=602)  # past hold_s: BLIND, boost gone
+    assert gov.state is GovernorState.BLIND and gov.boost_c == 0.0
+    # a frozen reading under a power step: stuck, boost gone
+    gov = Governor(cfg)
+    live(gov, 600)
+    for i in range(30):
+        gov.update(600.0 + i, 72.0, 30.0 + 545.0, 1.0)
+    assert gov.state is GovernorState.BLIND and gov.boost_c == 0.0
+
+
+def test_live_boost_shrinks_when_readings_keep_reaching_the_guard() -> None:
+    cfg = ThermalConfig(setpoint_c=72.5, guard_c=74.0)
+    gov = Governor(cfg)
+    live(gov, 600)
+    before = gov.boost_c
+    # one reading in six at the guard (a noisy or flooring sensor near the wall): the boost shrinks to 0
+    for i in range(1200):
+        gov.update(600.0 + i, 74.0 if i % 6 == 0 else 72.0 + (i // 3) % 2, 400.0, gov.duty)
+    assert before > 0.0 and gov.boost_c == 0.0
+    off = Governor(cfg.replace(live_boost_c=0.0))
+    live(off, 600)
+    assert off.boost_c == 0.0
+
+
+def test_lead_throttles_a_power_rise_the_sensor_cannot_show_yet() -> None:
+    cfg = ThermalConfig(die_rise_c=12.0, die_tau_s=4.0, sensor_delay_s=3.0)
+    with_lead, without = Governor(cfg), Governor(cfg.replace(lead_gain=0.0))
+    for gov in (with_lead, without):
+        drive(gov, [71.0] * 60, power=300.0, busy=0.5)
+    assert with_lead.lead_c() == pytest.approx(0.0, abs=1e-6)  # steady power: no lead
+    # power jumps; the reading has not moved yet
+    a = with_lead.update(60.0, 71.0, 560.0, 1.0)
+    b = without.update(60.0, 71.0, 560.0, 1.0)
+    assert with_lead.lead_c() > 0.5 and a < b
+
+
+def test_duty_ramps_up_after_blind_instead_of_jumping() -> None:
+    # the die cooled at the blind duty; a jump to full duty followed by one more read error would be held
+    # for hold_s on a die the sensor has not seen yet (a held-out matrix plant reached 75.2 °C that way)
+    cfg = ThermalConfig(setpoint_c=72.5, guard_c=74.0)
+    gov = Governor(cfg)
+    live(gov, 120)
+    drive(gov, [None] * 5, t0=120)
+    assert gov.state is GovernorState.BLIND
+    duties = drive(gov, [66.0] * 20, t0=125, power=200.0, busy=None)
+    after = duties[cfg.recover_samples - 1:]
+    assert after[0] <= cfg.blind_duty + cfg.recover_ramp_per_s + 1e-9
+    assert all(b - a <= cfg.recover_ramp_per_s + 1e-9 for a, b in itertools.pairwise(after))
+    assert after[-1] > cfg.blind_duty  # it does come back

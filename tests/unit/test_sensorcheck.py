@@ -99,3 +99,28 @@ def test_frozen_plausible_reading_in_a_warming_room_stays_below_the_wall(value: 
         return
     detected = next(i for i in range(onset, len(res.state)) if res.state[i] is GovernorState.BLIND)
     assert detected - onset <= 300 and res.reason[detected].startswith("stuck")
+
+
+def test_a_reading_frozen_above_the_target_while_the_power_winds_down_is_caught_by_the_probe() -> None:
+    # the PI winds the power down for minutes under a reading frozen above its target, then probes: the fall
+    # since the probe began is small, but the modelled (die + heatsink) fall since the reading last changed is
+    # far beyond what a live die could hide
+    import dataclasses
+
+    settings = dataclasses.replace(SETTINGS, sink_rise_c=40.0, sink_tau_s=60.0, probe_rate=0.01)
+    det = FrozenDetector(settings)
+    for t in range(60):
+        assert det.check(float(t), 73.0 + (t // 3) % 2, 400.0, 0.7, True).ok
+    busy, verdict = 0.7, None
+    for t in range(60, 700):
+        v = det.check(float(t), 73.0, 30.0 + 530.0 * busy, busy, True)
+        if not v.ok:
+            verdict = (t, v.reason)
+            break
+        busy = max(busy - 0.003, 0.15) if v.probe_cap is None else min(busy, v.probe_cap)
+    assert verdict is not None and "probe changed nothing" in verdict[1]
+    # without the heatsink model the old probe-only judgement applies (no verdict from the wind-down)
+    det = FrozenDetector(dataclasses.replace(settings, sink_rise_c=0.0))
+    for t in range(60):
+        det.check(float(t), 73.0 + (t // 3) % 2, 400.0, 0.7, True)
+    assert det.check(60.0, 73.0, 400.0, 0.7, True).ok

@@ -68,12 +68,7 @@ def test_ci_matrix_tracking_on_healthy_and_flaky_sensors(ci_cells: list[mx.Cell]
     for c in ci_cells:
         if c.fault in ("none", "flaky"):
             assert c.peak_to_peak_c is None or c.peak_to_peak_c <= 1.5, c
-            if c.plant in ("heavy600", "compact420"):  # the two plants the issue named
-                assert c.ratio_ideal >= 0.90, c
-            else:
-                # measured floor over 30 random plants is 0.886 (round-quantised sensors in hot rooms,
-                # docs/thermal.md); a CI-sized run only guards against regressions below it
-                assert c.ratio_ideal >= 0.88, c
+            assert c.ratio_ideal >= 0.90, c  # the issue's goal, on every healthy or flaky cell
 
 
 def test_named_plants_reproduce_the_issue_s_cards() -> None:
@@ -105,10 +100,14 @@ def test_cli_matrix_rejects_unknown_fault(capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.slow
-def test_full_matrix_30_random_plants() -> None:
-    cells = mx.run_matrix(mx.matrix_plants(30), mx.FAULTS, hours=4.0)
+@pytest.mark.parametrize(("plant_seed", "seed"), [(7, 1), (11, 2), (3, 5)])
+def test_full_matrix_30_random_plants(plant_seed: int, seed: int) -> None:
+    # the documented matrix (plant seed 7) and two held-out draws nobody tuned on
+    cells = mx.run_matrix(mx.matrix_plants(30, plant_seed), mx.FAULTS, hours=4.0, seed=seed)
     summary = mx.summarize(cells)
     assert summary["max_seconds_above"] == 0.0
     assert summary["false_blind_episodes"] == 0
-    assert summary["min_ratio_ideal_healthy"] >= 0.88
+    assert summary["min_ratio_ideal_healthy"] >= 0.90
+    assert summary["max_peak_to_peak_c"] <= 1.5
+    assert summary["passed"] == summary["cells"]
     assert all(c.detection_s is not None for c in cells if c.fault not in ("none", "flaky"))

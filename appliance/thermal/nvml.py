@@ -89,7 +89,7 @@ class NvmlThermometer(Thermometer):
 
     def __init__(self, index: int = 0, nvml: ModuleType | Any | None = None) -> None:
         self.index = index
-        self._nvml = nvml
+        self._nvml: Any = nvml  # the pynvml module or a FakePynvml; None until _open()
         self._handle: object | None = None
         self._why = ""
         self._temp_fn = "nvmlDeviceGetTemperatureV"

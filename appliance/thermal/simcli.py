@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from appliance.thermal.governor import ThermalConfig
 from appliance.thermal.matrix import EXTRA_FAULTS, FAULTS, Cell, matrix_plants, run_matrix, summarize
@@ -164,7 +164,7 @@ def _plot_matrix(cells: list[Cell], plants: list[str], faults: list[str], path: 
     import matplotlib.pyplot as plt
 
     by = {(c.plant, c.fault): c for c in cells}
-    panels = [
+    panels: list[tuple[str, Callable[[Cell], float | None], str, float, float]] = [
         ("seconds above 75 °C", lambda c: c.seconds_above, "Reds", 0.0, 10.0),
         ("served / ideal tracker", lambda c: c.ratio_ideal, "RdYlGn", 0.3, 1.0),
         ("die peak-to-peak settled, °C", lambda c: c.peak_to_peak_c, "Oranges", 0.0, 2.0),

@@ -72,32 +72,39 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def proc_tree_cpu_s(pid: int) -> dict[int, float]:
-    """User + system CPU seconds of ``pid`` and each live descendant, by pid (0 for a vanished process)."""
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from one snapshot of /proc."""
     kids = _children()
-    out: dict[int, float] = {}
+    out: list[int] = []
     todo = [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def _cpu_s(stat: str) -> float:
+    """User + system CPU seconds from a /proc stat line (fields 14 and 15)."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def proc_tree_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of ``pid`` and each live descendant, by pid (0 for a vanished process)."""
+    out: dict[int, float] = {}
+    for p in _tree(pid):
         try:
-            stat = Path(f"/proc/{p}/stat").read_text()
+            out[p] = _cpu_s(Path(f"/proc/{p}/stat").read_text())
         except OSError:
             out[p] = 0.0
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[p] = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15 of stat)
-        todo.extend(kids.get(p, []))
     return out
 
 
 def proc_tree_switches(pid: int) -> int:
     """Voluntary + involuntary context switches of every thread of ``pid`` and its descendants (wake-ups)."""
-    kids = _children()
     total = 0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(kids.get(p, []))
+    for p in _tree(pid):
         try:
             tids = os.listdir(f"/proc/{p}/task")
         except OSError:
@@ -108,7 +115,7 @@ def proc_tree_switches(pid: int) -> int:
             except OSError:
                 continue
             for line in text.splitlines():
-                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
                     total += int(line.split()[1])
     return total
 
@@ -128,7 +135,7 @@ def python_thread_names(pid: int) -> dict[str, str]:
     if not Path(spy).exists():
         return {}
     names: dict[str, str] = {}
-    for p in proc_tree_cpu_s(pid):
+    for p in _tree(pid):
         try:
             text = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(p)], capture_output=True, text=True,
                                   timeout=20, check=False).stdout
@@ -144,12 +151,8 @@ def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, flo
     ``names`` (from :func:`python_thread_names`) replaces the kernel's thread names where it has the thread.
     """
     names = names or {}
-    kids = _children()
     out: dict[str, float] = {}
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(kids.get(p, []))
+    for p in _tree(pid):
         try:
             pname = Path(f"/proc/{p}/comm").read_text().strip()
             tids = os.listdir(f"/proc/{p}/task")
@@ -161,9 +164,8 @@ def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, flo
             except OSError:
                 continue
             name = names.get(tid) or stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2:].split()
             key = f"{pname}[{p}]/{name}"
-            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+            out[key] = out.get(key, 0.0) + _cpu_s(stat)
     return out
 
 

@@ -187,8 +187,8 @@ def _check_deflate(body: bytes, limits: DicomLimits) -> None:
                     f"deflated dataset inflates to more than {bound} bytes (limit max_inflated_bytes={bound})",
                     field="dicom",
                 )
-            joined = tail + chunk
-            items += joined.count(_ITEM_TAG) - tail.count(_ITEM_TAG)
+            joined = tail + chunk  # the 3-byte tail alone cannot hold a tag: no tag is counted twice
+            items += count_tag(joined, _ITEM_TAG)
             tail = joined[-3:]
     except zlib.error as e:
         raise DicomError(f"deflated dataset does not inflate: {e}") from e

@@ -44,12 +44,11 @@ from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from appliance import __version__
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.tools.procs import free_port, stop_process
+from appliance.tools.procs import free_port, stop_process, wait_serving
 
 __all__ = ["main", "run_load"]
 
@@ -120,20 +119,8 @@ class _Daemon:
         return self.proc.pid
 
     def wait_serving(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.target) as channel:
-            stub: Any = health_pb2_grpc.HealthStub(channel)  # its stub package declares no Check
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"daemon exited with {self.proc.returncode}; see {self.log.name}")
-                try:
-                    r = stub.Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference"), timeout=1)
-                    if r.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.2)
-        raise TimeoutError(f"daemon not SERVING within {timeout_s} s; see {self.log.name}")
+        """Block until the daemon's inference service is SERVING (RuntimeError if it exits first)."""
+        wait_serving(self.target, timeout_s, proc=self.proc, service="appliance.v1.Inference", log=self.log.name)
 
     def stop(self) -> int:
         try:

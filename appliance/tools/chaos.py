@@ -29,7 +29,6 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pydicom
 from pydicom import uid as _uid
@@ -337,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the report here too")
     ap.add_argument("--port", type=int, default=0, help="daemon port (default: a free one)")
     args = ap.parse_args(argv)
-    from appliance.tools.procs import free_port, stop_process
+    from appliance.tools.procs import free_port, stop_process, wait_serving
 
     port = args.port or free_port()
     home = Path(__file__).resolve().parents[2]
@@ -356,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.Popen([sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
                                     env=env, stdout=subprocess.DEVNULL, stderr=log_file)
         try:
-            _wait_serving(f"127.0.0.1:{port}")
+            wait_serving(f"127.0.0.1:{port}", proc=proc, log=str(log_path))
             cases = bad_cases(args.seed)
             faults = [fault_case(k) for k in FAULTS.values()]
             valid = list(valid_files(512, seed=args.seed + 1).values())
@@ -373,23 +372,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(text + "\n")
     ok = report["accepted_requests_lost"] == 0 and report["unexpected_count"] == 0 and proc.returncode == 0
     return 0 if ok else 1
-
-
-def _wait_serving(target: str, timeout_s: float = 60.0) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(target) as ch:
-        stub: Any = health_pb2_grpc.HealthStub(ch)  # its stub package declares no Check
-        while time.monotonic() < deadline:
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise RuntimeError(f"daemon at {target} did not become SERVING within {timeout_s} s")
 
 
 if __name__ == "__main__":

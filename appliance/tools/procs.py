@@ -5,8 +5,10 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import time
+from typing import Any
 
-__all__ = ["free_port", "stop_process"]
+__all__ = ["free_port", "stop_process", "wait_serving"]
 
 
 def free_port() -> int:
@@ -25,3 +27,31 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(10)
+
+
+def wait_serving(target: str, timeout_s: float = 60.0, *, proc: subprocess.Popen[bytes] | None = None,
+                 service: str = "", log: str = "") -> None:
+    """Poll gRPC health at ``target`` until ``service`` ("" = the server) is SERVING.
+
+    Raises:
+        RuntimeError: ``proc`` (the server, when given) exited first.
+        TimeoutError: not SERVING within ``timeout_s``.
+    """
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    see = f"; see {log}" if log else ""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(target) as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)  # the stubs' HealthStub does not declare Check
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server at {target} exited with {proc.returncode}{see}")
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"server at {target} not SERVING within {timeout_s} s{see}")

@@ -6,13 +6,10 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from appliance.tools.procs import wait_serving
 from tests.support import fake_daemon_config, free_port, stop_process
 
 __all__ = ["appliance_serve"]
@@ -34,21 +31,10 @@ def appliance_serve(tmp: Path, timeout_s: float = 60.0) -> Iterator[str]:
         )
     target = f"127.0.0.1:{port}"
     try:
-        with grpc.insecure_channel(target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"appliance serve exited: {log_path.read_text()[-2000:]}")
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"appliance serve not SERVING within {timeout_s} s")
-                time.sleep(0.1)
+        try:
+            wait_serving(target, timeout_s, proc=proc, log=str(log_path))
+        except RuntimeError as e:  # the daemon exited: its log says why
+            raise RuntimeError(f"{e}: {log_path.read_text()[-2000:]}") from None
         yield target
     finally:
         stop_process(proc)

@@ -192,7 +192,6 @@ class App:
                            backend=self.engine.backend, batch_size=self.engine.batch_size),
             queue=self.batcher.statistics(),
             thermal=self.thermal.snapshot(),
-            thermal_degraded=self.thermal.degraded,
             pool=self.pool.statistics(),
             metrics=self.metrics,
             batches=self.batcher.batches,

@@ -16,10 +16,10 @@ from appliance.workers.pool import PoolStats
 __all__ = ["degraded_reasons", "status_pb"]
 
 
-def degraded_reasons(queue: QueueStats, thermal: ThermalStatus, thermal_degraded: bool) -> list[str]:
+def degraded_reasons(queue: QueueStats, thermal: ThermalStatus) -> list[str]:
     """Why a serving service is degraded (empty when healthy): throttled or blind, or the queue over 80 %."""
     reasons = []
-    if thermal_degraded:
+    if thermal.degraded:
         reasons.append(f"thermal {thermal.state.lower()}")
     if queue.depth > 0.8 * queue.capacity:
         reasons.append(f"queue over 80% ({queue.depth}/{queue.capacity})")
@@ -27,10 +27,10 @@ def degraded_reasons(queue: QueueStats, thermal: ThermalStatus, thermal_degraded
 
 
 def status_pb(*, state: ServiceState, reason: str, uptime_s: float, model: pb.Model, queue: QueueStats,
-              thermal: ThermalStatus, thermal_degraded: bool, pool: PoolStats, metrics: Metrics, batches: int,
+              thermal: ThermalStatus, pool: PoolStats, metrics: Metrics, batches: int,
               pipelines: list[str], default_pipeline: str) -> pb.Status:
     """The detailed status; a SERVING service with degraded reasons reports ``DEGRADED``."""
-    reasons = degraded_reasons(queue, thermal, thermal_degraded) if state == ServiceState.SERVING else [reason]
+    reasons = degraded_reasons(queue, thermal) if state == ServiceState.SERVING else [reason]
     status = pb.Status(
         state="DEGRADED" if state == ServiceState.SERVING and reasons else state.value,
         uptime_s=uptime_s,

@@ -67,6 +67,11 @@ class ThermalStatus:
     # The governor's state as the enum (``state`` is its name).
     governor_state: GovernorState = GovernorState.DISABLED
 
+    @property
+    def degraded(self) -> bool:
+        """True while throttling, holding, blind or in emergency (``appliance health`` exits 1)."""
+        return self.governor_state in _DEGRADED
+
 
 class ThermalController:
     """Reads the thermometer, drives the governor, and records what happened.

@@ -22,13 +22,17 @@ Design (``docs/thermal.md``):
   sustainable budget.
 - Delay compensation: the PI regulates on the reading plus ``lead_gain`` of the change a power-driven die
   model made over the last ``sensor_delay_s`` (what the die did that the sensor cannot show yet).
+- Noise filter: the P term acts on the reading through a 2 s first-order filter that follows the die model
+  between readings, so sensor noise no longer kicks the budget every second; the integrator and the guard keep
+  the raw reading.
 - Live boost: while the reading is demonstrably live and settled, the target rises by up to ``live_boost_c``
   above ``setpoint_c``; any sign of a fault (a stalled reading while the model says the die warms, read errors
   past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
   and the guard keep the commissioned margins.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
 - The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
-  back to the commissioned ``blind_duty`` until ``recover_samples`` good samples; a frozen but
+  back to the commissioned ``blind_duty`` until ``recover_samples`` good samples (2 after a read outage that
+  began at most ``short_outage_s`` ago, with no implausible value in it); a frozen but
   plausible reading is judged by :mod:`appliance.thermal.sensorcheck` (a power-driven die model, a
   ramped duty probe when the reading is stiller than its history makes plausible, and no budget
   increase on an unchanged reading) and also goes BLIND, with the reason; a lost GPU stops dispatch at
@@ -71,6 +75,7 @@ class Governor:
         self._error_since: float | None = None
         self._good_run = 0
         self._blind_reason = ""
+        self._blind_cause = ""
         self._last_energy: tuple[float, float] | None = None
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
@@ -81,6 +86,7 @@ class Governor:
         self._smooth: float | None = None
         self._hits = 0.0
         self._lead_model: float | None = None
+        self._filtered: tuple[float, float, float] | None = None  # (time, filtered reading, delayed model)
         self._lead_hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
@@ -185,18 +191,40 @@ class Governor:
             self._lead_model += (target - self._lead_model) * min(dt / c.die_tau_s, 1.0)
         self._lead_hist.append((now_s, self._lead_model))
 
-    def lead_c(self) -> float:
-        """What the die model says the die did over the last sensor delay, °C (the delay compensation)."""
-        c = self.config
-        if self._lead_model is None or c.lead_gain <= 0.0 or c.sensor_delay_s <= 0.0:
-            return 0.0
-        then = self._lead_hist[-1][0] - c.sensor_delay_s
+    def _model_delayed(self) -> float:
+        """The die model as it was sensor_delay_s ago: what the reading should show now."""
+        then = self._lead_hist[-1][0] - self.config.sensor_delay_s
         past = self._lead_hist[0][1]
         for (t0, m0), (t1, m1) in itertools.pairwise(self._lead_hist):
             if t0 <= then <= t1:
                 past = m0 + (m1 - m0) * ((then - t0) / (t1 - t0) if t1 > t0 else 1.0)
                 break
-        return c.lead_gain * (self._lead_model - past)
+        return past
+
+    def lead_c(self) -> float:
+        """What the die model says the die did over the last sensor delay, °C (the delay compensation)."""
+        c = self.config
+        if self._lead_model is None or c.lead_gain <= 0.0 or c.sensor_delay_s <= 0.0:
+            return 0.0
+        return c.lead_gain * (self._lead_model - self._model_delayed())
+
+    def _filter(self, now_s: float, reading: float, dt: float) -> float:
+        """The reading for the P term: noise-filtered, but following the die model between readings.
+
+        A complementary filter: the model's delayed change since the last sample is added first (a power step
+        moves it at once), then the new reading is blended in with ``dt / reading_filter_s``. Restarted from the
+        raw reading after any gap in regulation (BLIND, HOLDING, COOL).
+        """
+        c = self.config
+        model = self._model_delayed()
+        last = self._filtered
+        if c.reading_filter_s <= 0.0 or last is None or now_s - last[0] > 2.0 * c.period_s:
+            value = reading
+        else:
+            value = last[1] + (model - last[2])
+            value += (reading - value) * min(dt / c.reading_filter_s, 1.0)
+        self._filtered = (now_s, value, model)
+        return value
 
     def _learn_model(self, power: float, busy: float) -> None:
         if busy >= 0.3:
@@ -233,11 +261,17 @@ class Governor:
         if why == "stuck" or self._state is GovernorState.BLIND or now_s - self._error_since >= c.hold_s:
             self._boost = 0.0
         if why == "stuck":
+            self._blind_cause = "stuck"
             return self._decide(now_s, min(c.blind_duty, self._duty) if self._state is GovernorState.BLIND
                                 else c.blind_duty, None, GovernorState.BLIND, self._blind_reason, None, power)
         if self._state is not GovernorState.BLIND and now_s - self._error_since < c.hold_s:
             held = self._duty if self._state is not GovernorState.EMERGENCY else 0.0
             return self._decide(now_s, held, None, GovernorState.HOLDING, f"{why}: hold", None, power)
+        read_failure = not why.startswith("implausible")
+        if self._state is not GovernorState.BLIND:
+            self._blind_cause = "read" if read_failure else "implausible"
+        elif not read_failure:
+            self._blind_cause = "implausible"
         return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND, f"{why}: blind", None, power)
 
     def _on_good_sample(self, now_s: float, temp: float, power: float, busy: float | None, dt: float) -> float:
@@ -247,9 +281,13 @@ class Governor:
         headroom = min(max((c.limit_c - temp) / (c.limit_c - c.switch_on_c), 0.0), 1.0)
         if self._state in (GovernorState.BLIND, GovernorState.HOLDING):
             self._good_run += 1
-            if self._state is GovernorState.BLIND and self._good_run < c.recover_samples:
+            needed = c.recover_samples
+            if (self._blind_cause == "read" and self._error_since is not None
+                    and now_s - self._error_since <= c.short_outage_s):
+                needed = min(needed, 2)  # a brief read outage: the sensor itself was never in doubt
+            if self._state is GovernorState.BLIND and self._good_run < needed:
                 return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND,
-                                    f"recovering {self._good_run}/{c.recover_samples}", headroom, power, temp)
+                                    f"recovering {self._good_run}/{needed}", headroom, power, temp)
             if self._state is GovernorState.BLIND:
                 # the die cooled at the blind duty, so the PI would jump to full duty; one more read error would
                 # then hold that jump for hold_s on a die the sensor has not seen yet: ramp up instead
@@ -294,8 +332,10 @@ class Governor:
         p_hi = c.p_idle_w + w
         reading = temp
         unseen = self._frozen.unseen_rise()
-        temp = temp + unseen + self.lead_c()
-        self._smooth = temp if self._smooth is None else self._smooth + (temp - self._smooth) * min(dt / 10.0, 1.0)
+        ahead = unseen + self.lead_c()
+        temp = reading + ahead  # the integrator and the guard act on this
+        filtered = self._filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
+        self._smooth = filtered if self._smooth is None else self._smooth + (filtered - self._smooth) * min(dt / 10.0, 1.0)
         target = c.setpoint_c + self._boost
         # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
         self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)
@@ -310,22 +350,27 @@ class Governor:
         elif self._check.may_raise and self._check.probe_cap is None and target - 1.0 <= self._smooth <= target + 0.25:
             self._boost = min(self._boost + step, ceiling)
         e = c.setpoint_c + self._boost - temp
+        e_p = c.setpoint_c + self._boost - filtered
+
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).
-        kp = (c.kp_cool_w_per_c if e >= 0 else c.kp_hot_w_per_c) * w / (c.p_max_w - c.p_idle_w)
+        def gain(err: float) -> float:
+            return (c.kp_cool_w_per_c if err >= 0 else c.kp_hot_w_per_c) * w / (c.p_max_w - c.p_idle_w)
+
+        kp = gain(e_p)
         if self._integral is None:  # bumpless start at the measured power
             used = 1.0 if busy is None else busy
             base = power if used >= 0.5 else c.p_idle_w + c.blind_duty * w
-            self._integral = min(max(base - kp * e, p_lo), p_hi)
-        di = kp / c.ti_s * e * dt
+            self._integral = min(max(base - kp * e_p, p_lo), p_hi)
+        di = gain(e) / c.ti_s * e * dt
         saturated_hi = self._duty >= 1.0 - 1e-9
         used_allowance = busy is None or busy >= self._duty - c.busy_slack
         may_raise = used_allowance and not saturated_hi and self._check.may_raise
         if di > 0 and may_raise or di < 0 and self._duty > c.min_duty + 1e-9:
             self._integral = min(max(self._integral + di, p_lo), p_hi)
-        budget = self._integral + kp * e
+        budget = self._integral + kp * e_p
         reason = "pi"
-        if temp >= c.guard_c:
+        if max(temp, filtered) >= c.guard_c:
             cap = c.guard_factor * power
             if budget > cap:
                 budget = cap

@@ -66,6 +66,10 @@ class ThermalConfig:
     hold_s: float = 3.0
     # Consecutive good samples needed to leave BLIND.
     recover_samples: int = 5
+    # A BLIND caused only by failed reads (no stuck verdict, no implausible value) whose outage began at most this
+    # long ago needs 2 good samples, not recover_samples: a flaky bus (20 % failed reads) otherwise spends ~10 s
+    # at the blind duty per 3-read gap. The recovery ramp still applies. 0 always asks for recover_samples.
+    short_outage_s: float = 30.0
     # After BLIND the duty may rise from blind_duty by at most this much per second.
     recover_ramp_per_s: float = 0.05
     # Nameplate idle power, W: used until/unless measured power teaches the model.
@@ -109,6 +113,13 @@ class ThermalConfig:
     # power-driven die model (die_rise_c, die_tau_s) made over the last sensor_delay_s, i.e. what the die did
     # that the sensor cannot show yet (a Smith-predictor-like lead). 0 turns it off.
     lead_gain: float = 0.7
+    # Noise filter on the proportional path, s: the P term acts on the reading passed through a first-order
+    # filter of this time constant that follows the die model between readings (it adds the model's own change,
+    # delayed by sensor_delay_s, before blending the new reading in), so a power step reaches it at once and only
+    # sensor noise and quantisation flips are smoothed. The integrator, the guard and the boost's guard-hit count
+    # keep the raw reading: the filter removes the P term's noise kicks (settled peak-to-peak) and nothing else.
+    # 0 turns it off (docs/thermal.md).
+    reading_filter_s: float = 2.0
     # Live boost, °C: the PI target may rise by up to this much above setpoint_c, at boost_rate_c_per_s, only
     # while the reading is demonstrably live (it moved within what its own history makes plausible, no duty
     # probe) and settled (its 10 s mean within -1/+0.25 °C of the target). It is withdrawn at once on an unseen
@@ -140,6 +151,10 @@ class ThermalConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"ThermalConfig.{name} must be a positive finite number, got {value!r}")
+        for name in ("reading_filter_s", "short_outage_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"ThermalConfig.{name} must be >= 0, got {value!r}")
         for name in ("min_duty", "blind_duty", "busy_slack", "probe_max_cut", "lead_gain"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:

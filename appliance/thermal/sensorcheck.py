@@ -236,9 +236,9 @@ class FrozenDetector:
                 self._expect_since = now
             if now - self._expect_since >= s.sensor_delay_s:
                 why = "probe changed nothing" if self._probe_t is not None else "power rose, reading did not"
+                shown = probe_fall if self._probe_t is not None else expect
                 self._stuck_value = temp
                 self._probe_t = None
-                shown = probe_fall if self._probe_t is not None else expect
                 return FrozenCheck(False, f"stuck: {why} ({shown:+.1f} °C expected)")
         else:
             self._expect_since = None

@@ -1,10 +1,11 @@
-"""Unit tests of the pure governor with scripted samples (notes thermal.md §9)."""
+"""Unit tests of the pure governor with scripted samples (docs/thermal.md)."""
 
 from __future__ import annotations
 
 import copy
 import itertools
 import random
+import statistics
 
 import pytest
 
@@ -106,6 +107,20 @@ def test_error_hold_blind_recover() -> None:
     assert duties[:3] == [held] * 3 and gov.state is GovernorState.BLIND
     assert duties[-1] == cfg.blind_duty
     duties = drive(gov, [72.0] * 6, t0=36)
+    # a 6 s read outage is brief: 2 good samples end BLIND (then the recovery ramp)
+    assert duties[:1] == [cfg.blind_duty] and duties[1] > cfg.blind_duty
+    assert gov.state in (GovernorState.THROTTLING, GovernorState.REGULATING)
+
+
+@pytest.mark.parametrize("outage", ["long", "implausible"])
+def test_blind_after_a_long_or_implausible_outage_needs_recover_samples(outage: str) -> None:
+    cfg = ThermalConfig()
+    gov = Governor(cfg)
+    drive(gov, [72.0] * 30)
+    bad = [None] * 40 if outage == "long" else [None] * 3 + [255.0] + [None] * 2
+    drive(gov, bad, t0=30)
+    assert gov.state is GovernorState.BLIND
+    duties = drive(gov, [72.0] * 6, t0=30 + len(bad))
     assert duties[: cfg.recover_samples - 1] == [cfg.blind_duty] * (cfg.recover_samples - 1)
     assert gov.state in (GovernorState.THROTTLING, GovernorState.REGULATING)
 
@@ -259,7 +274,44 @@ def test_duty_ramps_up_after_blind_instead_of_jumping() -> None:
     drive(gov, [None] * 5, t0=120)
     assert gov.state is GovernorState.BLIND
     duties = drive(gov, [66.0] * 20, t0=125, power=200.0, busy=None)
-    after = duties[cfg.recover_samples - 1:]
+    assert duties[0] == cfg.blind_duty  # a brief read outage: 2 good samples end BLIND
+    after = duties[1:]
     assert after[0] <= cfg.blind_duty + cfg.recover_ramp_per_s + 1e-9
     assert all(b - a <= cfg.recover_ramp_per_s + 1e-9 for a, b in itertools.pairwise(after))
     assert after[-1] > cfg.blind_duty  # it does come back
+
+
+def test_noise_filter_calms_the_duty_on_a_noisy_sensor() -> None:
+    # a rounding sensor with 0.5 °C noise around the setpoint: without the filter every flip kicks the P term
+    rng = random.Random(3)
+    temps: list[float | None] = [float(round(72.0 + rng.gauss(0.0, 0.5))) for _ in range(900)]
+    spread = {}
+    for tau in (0.0, 2.0):
+        gov = Governor(ThermalConfig(reading_filter_s=tau, live_boost_c=0.0))
+        spread[tau] = statistics.pstdev(drive(gov, temps, power=400.0, busy=1.0)[300:])
+    assert spread[2.0] < 0.75 * spread[0.0]
+
+
+def test_guard_and_integrator_still_see_the_raw_reading() -> None:
+    cfg = ThermalConfig()
+    gov = Governor(cfg)
+    drive(gov, [72.0] * 120)
+    before = gov.integral_w
+    gov.update(120.0, cfg.guard_c, 400.0, 1.0)  # one reading at the guard: the filter must not hide it
+    assert gov.last_decision.reason == "guard"
+    assert before is not None and gov.integral_w is not None and gov.integral_w < before
+
+
+def test_noise_filter_restarts_after_a_gap() -> None:
+    # on steady readings the filtered value equals the reading, so a filtered and an unfiltered governor agree;
+    # after BLIND they must still agree: the filter restarts from the new reading instead of carrying 72 over
+    pair = [Governor(ThermalConfig()), Governor(ThermalConfig(reading_filter_s=0.0))]
+    budgets = []
+    for gov in pair:
+        drive(gov, [72.0] * 60)
+        drive(gov, [None] * 40, t0=60)
+        budgets.append([])
+        for i in range(10):
+            gov.update(100.0 + i, 73.5, 400.0, 1.0)
+            budgets[-1].append(gov.last_decision.budget_w)
+    assert budgets[0][-1] is not None and budgets[0] == budgets[1]

@@ -61,6 +61,8 @@ def test_probe_on_a_frozen_sensor_declares_it_stuck() -> None:
             break
         busy = 0.7 if v.probe_cap is None else v.probe_cap
     assert verdict is not None and 240 <= verdict[0] <= 280 and "probe changed nothing" in verdict[1]
+    # the reason quotes the fall the probe expected, not the (rise) figure of the other path
+    assert float(verdict[1].split("(")[1].split(" ")[0]) <= -2.0
 
 
 def test_no_raise_while_the_reading_is_unchanged() -> None:
@@ -119,6 +121,7 @@ def test_a_reading_frozen_above_the_target_while_the_power_winds_down_is_caught_
             break
         busy = max(busy - 0.003, 0.15) if v.probe_cap is None else min(busy, v.probe_cap)
     assert verdict is not None and "probe changed nothing" in verdict[1]
+    assert float(verdict[1].split("(")[1].split(" ")[0]) <= -4.0  # the whole modelled fall it judged on
     # without the heatsink model the old probe-only judgement applies (no verdict from the wind-down)
     det = FrozenDetector(dataclasses.replace(settings, sink_rise_c=0.0))
     for t in range(60):

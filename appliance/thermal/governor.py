@@ -154,7 +154,7 @@ class Governor:
         if temp is not None:
             used = self._duty if busy is None else busy
             normal = self._state in (GovernorState.COOL, GovernorState.REGULATING, GovernorState.THROTTLING)
-            self._check = self._frozen.check(now_s, temp, power, used, normal)
+            self._check = self._frozen.check(now_s, temp, power, used, normal, self._full_w())
             if not self._check.ok:
                 self._blind_reason = self._check.reason
                 temp, why = None, "stuck"
@@ -183,16 +183,25 @@ class Governor:
         return power
 
     def _advance_lead(self, now_s: float, power: float, dt: float) -> None:
+        # the die model as low-passed power, W; _model_c turns a change of it into °C at the learned full power
         c = self.config
-        target = c.die_rise_c * power / (c.p_max_w - c.p_idle_w)
         if self._lead_model is None:
-            self._lead_model = target
+            self._lead_model = power
         else:
-            self._lead_model += (target - self._lead_model) * min(dt / c.die_tau_s, 1.0)
+            self._lead_model += (power - self._lead_model) * min(dt / c.die_tau_s, 1.0)
         self._lead_hist.append((now_s, self._lead_model))
 
+    def _model_c(self, delta_w: float) -> float:
+        return self.config.die_rise_c * delta_w / self._full_w()
+
+    def _full_w(self) -> float:
+        """Watts of a full duty above idle: the learned value, so the die models follow the card that is really
+        there when ``p_max_w`` is the uncommissioned default (``die_rise_c`` is the rise at full power)."""
+        nameplate = self.config.p_max_w - self.config.p_idle_w
+        return min(max(self._w_per_duty, 0.25 * nameplate), 2.0 * nameplate)
+
     def _model_delayed(self) -> float:
-        """The die model as it was sensor_delay_s ago: what the reading should show now."""
+        """The die model (low-passed power, W) as it was sensor_delay_s ago: what the reading should show now."""
         then = self._lead_hist[-1][0] - self.config.sensor_delay_s
         past = self._lead_hist[0][1]
         for (t0, m0), (t1, m1) in itertools.pairwise(self._lead_hist):
@@ -206,7 +215,7 @@ class Governor:
         c = self.config
         if self._lead_model is None or c.lead_gain <= 0.0 or c.sensor_delay_s <= 0.0:
             return 0.0
-        return c.lead_gain * (self._lead_model - self._model_delayed())
+        return c.lead_gain * self._model_c(self._lead_model - self._model_delayed())
 
     def _filter(self, now_s: float, reading: float, dt: float) -> float:
         """The reading for the P term: noise-filtered, but following the die model between readings.
@@ -221,7 +230,7 @@ class Governor:
         if c.reading_filter_s <= 0.0 or last is None or now_s - last[0] > 2.0 * c.period_s:
             value = reading
         else:
-            value = last[1] + (model - last[2])
+            value = last[1] + self._model_c(model - last[2])
             value += (reading - value) * min(dt / c.reading_filter_s, 1.0)
         self._filtered = (now_s, value, model)
         return value

@@ -90,10 +90,13 @@ class ThermalConfig:
     die_tau_s: float = 6.0
     # Longest sensor delay (dead time) to allow for, s (commissioning: step response).
     sensor_delay_s: float = 3.0
-    # Heatsink rise over the room at p_max_w (P_max · R_ha), °C, and its time constant, s (commissioning:
+    # Heatsink rise over the room at full power (P_max · R_ha), °C, and its time constant, s (commissioning:
     # blind-duty hold and cool-down). With it, a reading that stalls while the power-driven model says the die
     # keeps warming is regulated as reading + that rise beyond one step (sensorcheck); 0 disables this.
-    sink_rise_c: float = 0.0
+    # Uncommissioned: 25, the low end of the rated range (full-load rise 40-56 °C over the room, of which
+    # 10-18 °C is the die over the heatsink). With 0, a reading frozen while the die warms took an
+    # uncommissioned governor to 75.6 °C on 10 of 320 matrix plants; with 25, none passed 74.4 °C.
+    sink_rise_c: float = 25.0
     # Heatsink time constant with the fan on, s.
     sink_tau_s: float = 60.0
     # The model-expected change a live reading must show, °C.

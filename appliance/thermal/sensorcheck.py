@@ -107,11 +107,14 @@ class FrozenDetector:
         self.s = settings
         self._value: float | None = None
         self._changed_t = 0.0
+        # The two model nodes are kept as low-passed power, W, and turned into °C with the current watts per full
+        # duty (_per_w): learning that figure rescales the whole model, never moves it against its references.
         self._model: float | None = None
         self._warm_until = 0.0
         self._model_ref = 0.0
         self._sink: float | None = None
-        self._total_ref = 0.0
+        self._sink_ref = 0.0
+        self._per_w = 1.0 / settings.p_max_w
         self._expect_since: float | None = None
         self._last_t: float | None = None
         self._stuck_value: float | None = None
@@ -173,7 +176,7 @@ class FrozenDetector:
         self._value = temp
         self._changed_t = now
         self._model_ref = self._model if self._model is not None else 0.0
-        self._total_ref = self._model_ref + (self._sink or 0.0)
+        self._sink_ref = self._sink if self._sink is not None else 0.0
         self._expect_since = None
         self._probe_t = None
 
@@ -186,9 +189,19 @@ class FrozenDetector:
         """
         if self._model is None or self._sink is None or self._value is None:
             return 0.0
-        return max(self._model + self._sink - self._total_ref - self.UNSEEN_SLACK_C, 0.0)
+        return max(self._total_change_c() - self.UNSEEN_SLACK_C, 0.0)
 
-    def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool) -> FrozenCheck:
+    def _die_c(self, delta_w: float) -> float:
+        return self.s.die_rise_c * delta_w * self._per_w
+
+    def _total_change_c(self) -> float:
+        """How far the modelled die (die node + heatsink node) moved since the reading last changed, °C."""
+        if self._model is None or self._sink is None:
+            return 0.0
+        return self._die_c(self._model - self._model_ref) + self.s.sink_rise_c * (self._sink - self._sink_ref) * self._per_w
+
+    def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool,
+              full_w: float | None = None) -> FrozenCheck:
         """Judge one plausible sample.
 
         Args:
@@ -197,19 +210,20 @@ class FrozenDetector:
             power: Average power over the last period, W.
             busy: Busy fraction the batcher used over the last period.
             can_probe: Whether the governor is in normal operation (cool, regulating or throttling).
+            full_w: Watts of a full duty above idle as the governor has learned them (default: the settings'
+                ``p_max_w``); the rises are per full power.
         """
         s = self.s
         dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
         self._last_t = now
-        target = s.die_rise_c / s.p_max_w * power
-        sink_target = s.sink_rise_c / s.p_max_w * power
+        self._per_w = 1.0 / (full_w if full_w is not None and full_w > 0.0 else s.p_max_w)
         if self._model is None:  # (re)start: the model needs a few time constants before it is trusted
-            self._model = target
-            self._sink = sink_target
+            self._model = power
+            self._sink = power
             self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
         assert self._sink is not None
-        self._model += (target - self._model) * min(dt / s.die_tau_s, 1.0)
-        self._sink += (sink_target - self._sink) * min(dt / s.sink_tau_s, 1.0)
+        self._model += (power - self._model) * min(dt / s.die_tau_s, 1.0)
+        self._sink += (power - self._sink) * min(dt / s.sink_tau_s, 1.0)
         if self._stuck_value is not None:
             if temp == self._stuck_value:
                 return FrozenCheck(False, "stuck: reading frozen")
@@ -219,16 +233,16 @@ class FrozenDetector:
         if self._value is None or temp != self._value or now < self._warm_until:
             self._mark(now, temp, power, self._value is not None and temp != self._value)
             return FrozenCheck(True)
-        expect = self._model - self._model_ref
+        expect = self._die_c(self._model - self._model_ref)
         # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
         # and a slowly warming heatsink or room can hold a live die still while the power eases off.
         # a probe is judged on its own effect: the fall the model expects since the probe began
-        probe_fall = self._model - self._probe_ref if self._probe_t is not None else 0.0
+        probe_fall = self._die_c(self._model - self._probe_ref) if self._probe_t is not None else 0.0
         # and, with the heatsink modelled, on the whole fall since the reading last changed: a reading frozen above
         # the target sees the PI wind the power down for minutes before the probe, which a probe-only reference
         # misses; the slow node accounts for a warming heatsink that could hold a live die still meanwhile
         if self._probe_t is not None and s.sink_rise_c > 0.0:
-            total_fall = self._model + (self._sink or 0.0) - self._total_ref
+            total_fall = self._total_change_c()
             if total_fall <= -2.0 * s.probe_expect_c:
                 probe_fall = min(probe_fall, total_fall)
         if expect >= s.stuck_expect_c or probe_fall <= -s.probe_expect_c:

@@ -10,6 +10,8 @@ import pytest
 
 from appliance.thermal import matrix as mx
 from appliance.thermal.plant import PLANT_RANGES, PRESETS, SENSOR_RANGES, random_plant, random_sensor, steady_die_c
+from appliance.thermal.params import GovernorState, ThermalConfig
+from appliance.thermal.sim import run_profile
 from appliance.thermal.simcli import main
 
 
@@ -114,3 +116,15 @@ def test_full_matrix_30_random_plants(plant_seed: int, seed: int, false_blind: i
     assert summary["max_peak_to_peak_c"] <= 1.5
     assert summary["passed"] == summary["cells"]
     assert all(c.detection_s is not None for c in cells if c.fault not in ("none", "flaky"))
+
+
+@pytest.mark.parametrize("name", ["rand7-22", "rand7-17", "rand7-9"])
+def test_an_uncommissioned_governor_holds_the_wall_when_the_reading_freezes_while_the_die_warms(name: str) -> None:
+    # ThermalConfig() with only the blind duty commissioned (the nameplate defaults: 575 W, no heatsink fit) on the
+    # plants where it reached 75.3-75.6 °C before the heatsink default and the learned-watts scaling
+    row = next(r for r in mx.matrix_plants(30, 7) if r.plant.name == name)
+    profile = mx.matrix_profile(row.room_c, 4.0, 1)
+    profile.faults = mx.fault_windows("stuck_warming", len(profile.demand))
+    res = run_profile(profile, row.plant, row.sensor, ThermalConfig(blind_duty=row.blind_duty), seed=1, limit_c=75.0)
+    assert res.seconds_above == 0.0 and res.max_die_c < 75.0
+    assert any(s is GovernorState.BLIND for s in res.state)  # and the frozen reading was caught

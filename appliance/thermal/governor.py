@@ -195,8 +195,11 @@ class Governor:
         return self.config.die_rise_c * delta_w / self._full_w()
 
     def _full_w(self) -> float:
-        """Watts of a full duty above idle: the learned value, so the die models follow the card that is really
-        there when ``p_max_w`` is the uncommissioned default (``die_rise_c`` is the rise at full power)."""
+        """Watts of a full duty above idle, as learned (bounded to 0.25-2x the nameplate).
+
+        The die models use it so they follow the card that is really there when ``p_max_w`` is the uncommissioned
+        default (``die_rise_c`` and ``sink_rise_c`` are rises at full power).
+        """
         nameplate = self.config.p_max_w - self.config.p_idle_w
         return min(max(self._w_per_duty, 0.25 * nameplate), 2.0 * nameplate)
 
@@ -344,7 +347,8 @@ class Governor:
         ahead = unseen + self.lead_c()
         temp = reading + ahead  # the integrator and the guard act on this
         filtered = self._filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
-        self._smooth = filtered if self._smooth is None else self._smooth + (filtered - self._smooth) * min(dt / 10.0, 1.0)
+        self._smooth = (filtered if self._smooth is None
+                        else self._smooth + (filtered - self._smooth) * min(dt / 10.0, 1.0))
         target = c.setpoint_c + self._boost
         # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
         self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)

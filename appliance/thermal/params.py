@@ -154,10 +154,6 @@ class ThermalConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"ThermalConfig.{name} must be a positive finite number, got {value!r}")
-        for name in ("reading_filter_s", "short_outage_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"ThermalConfig.{name} must be >= 0, got {value!r}")
         for name in ("min_duty", "blind_duty", "busy_slack", "probe_max_cut", "lead_gain"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -177,10 +173,10 @@ class ThermalConfig:
             raise ValueError("ThermalConfig.p_idle_w must lie in [0, p_max_w)")
         if not self.plausible_min_c < self.switch_on_c:
             raise ValueError("ThermalConfig.plausible_min_c must be below switch_on_c")
-        if not (math.isfinite(self.sensor_delay_s) and self.sensor_delay_s >= 0):
-            raise ValueError(f"ThermalConfig.sensor_delay_s must be >= 0, got {self.sensor_delay_s!r}")
-        if not (math.isfinite(self.sink_rise_c) and self.sink_rise_c >= 0):
-            raise ValueError(f"ThermalConfig.sink_rise_c must be >= 0, got {self.sink_rise_c!r}")
+        for name in ("sensor_delay_s", "sink_rise_c", "reading_filter_s", "short_outage_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"ThermalConfig.{name} must be >= 0, got {value!r}")
         if self.recover_samples < 1:
             raise ValueError("ThermalConfig.recover_samples must be >= 1")
 

@@ -198,7 +198,8 @@ class FrozenDetector:
         """How far the modelled die (die node + heatsink node) moved since the reading last changed, °C."""
         if self._model is None or self._sink is None:
             return 0.0
-        return self._die_c(self._model - self._model_ref) + self.s.sink_rise_c * (self._sink - self._sink_ref) * self._per_w
+        sink_c = self.s.sink_rise_c * (self._sink - self._sink_ref) * self._per_w
+        return self._die_c(self._model - self._model_ref) + sink_c
 
     def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool,
               full_w: float | None = None) -> FrozenCheck:

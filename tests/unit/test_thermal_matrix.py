@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from appliance.thermal import matrix as mx
-from appliance.thermal.plant import PLANT_RANGES, PRESETS, SENSOR_RANGES, random_plant, random_sensor, steady_die_c
 from appliance.thermal.params import GovernorState, ThermalConfig
+from appliance.thermal.plant import PLANT_RANGES, PRESETS, SENSOR_RANGES, random_plant, random_sensor, steady_die_c
 from appliance.thermal.sim import run_profile
 from appliance.thermal.simcli import main
 

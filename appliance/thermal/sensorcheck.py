@@ -242,7 +242,10 @@ class FrozenDetector:
         # and, with the heatsink modelled, on the whole fall since the reading last changed: a reading frozen above
         # the target sees the PI wind the power down for minutes before the probe, which a probe-only reference
         # misses; the slow node accounts for a warming heatsink that could hold a live die still meanwhile
-        if self._probe_t is not None and s.sink_rise_c > 0.0:
+        # (only once the reading has been still for a heatsink time constant: right after a climb from idle the
+        # real heatsink lags the one-node model, whose fan-on time constant is shorter than the warm-up's, and the
+        # model's "fall" is heat the heatsink is still taking up; rand23-7 went BLIND falsely in every column)
+        if self._probe_t is not None and s.sink_rise_c > 0.0 and now - self._changed_t >= s.sink_tau_s:
             total_fall = self._total_change_c()
             if total_fall <= -2.0 * s.probe_expect_c:
                 probe_fall = min(probe_fall, total_fall)

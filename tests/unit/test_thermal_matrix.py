@@ -103,7 +103,7 @@ def test_cli_matrix_rejects_unknown_fault(capsys: pytest.CaptureFixture[str]) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("plant_seed", "seed", "false_blind"), [
-    (7, 1, 0), (11, 2, 0), (3, 5, 0), (19, 4, 3), (23, 24, 8), (29, 30, 0), (41, 42, 0), (43, 44, 0), (47, 48, 0),
+    (7, 1, 0), (11, 2, 0), (3, 5, 0), (19, 4, 3), (23, 24, 1), (29, 30, 0), (41, 42, 0), (43, 44, 0), (47, 48, 0),
     (53, 54, 0),
 ])
 def test_full_matrix_30_random_plants(plant_seed: int, seed: int, false_blind: int) -> None:
@@ -128,3 +128,12 @@ def test_an_uncommissioned_governor_holds_the_wall_when_the_reading_freezes_whil
     res = run_profile(profile, row.plant, row.sensor, ThermalConfig(blind_duty=row.blind_duty), seed=1, limit_c=75.0)
     assert res.seconds_above == 0.0 and res.max_die_c < 75.0
     assert any(s is GovernorState.BLIND for s in res.state)  # and the frozen reading was caught
+
+
+def test_no_false_blind_after_a_burst_from_idle_on_a_quiet_floored_sensor() -> None:
+    # rand23-7: the reading stalls 34 s after a climb from idle while the PI winds the power down; the heatsink,
+    # warmed from cold with the fan starting, is still taking up heat, so the one-node heatsink model's "fall" must
+    # not be judged yet (it went BLIND falsely in every column before)
+    row = next(r for r in mx.matrix_plants(30, 23) if r.plant.name == "rand23-7")
+    cell = mx.run_cell(row, "none", 4.0, 24)
+    assert cell.passed and cell.false_blind_episodes == 0 and cell.blind_s == 0

@@ -76,6 +76,7 @@ class Governor:
         self._good_run = 0
         self._blind_reason = ""
         self._blind_cause = ""
+        self._stuck: tuple[float, float] | None = None  # (since, duty) while a stuck verdict holds
         self._last_energy: tuple[float, float] | None = None
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
@@ -273,9 +274,12 @@ class Governor:
         if why == "stuck" or self._state is GovernorState.BLIND or now_s - self._error_since >= c.hold_s:
             self._boost = 0.0
         if why == "stuck":
+            if self._stuck is None:  # (since, duty): never above the blind duty or what BLIND already held
+                self._stuck = (now_s, min(c.blind_duty, self._duty) if self._state is GovernorState.BLIND
+                               else c.blind_duty)
             self._blind_cause = "stuck"
-            return self._decide(now_s, min(c.blind_duty, self._duty) if self._state is GovernorState.BLIND
-                                else c.blind_duty, None, GovernorState.BLIND, self._blind_reason, None, power)
+            return self._decide(now_s, self._stuck_duty(now_s), None, GovernorState.BLIND, self._blind_reason,
+                                None, power)
         if self._state is not GovernorState.BLIND and now_s - self._error_since < c.hold_s:
             held = self._duty if self._state is not GovernorState.EMERGENCY else 0.0
             return self._decide(now_s, held, None, GovernorState.HOLDING, f"{why}: hold", None, power)
@@ -286,8 +290,24 @@ class Governor:
             self._blind_cause = "implausible"
         return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND, f"{why}: blind", None, power)
 
+    def _stuck_duty(self, now_s: float) -> float:
+        """The duty while a reading is judged stuck: the blind duty, dipped now and then so that a live sensor
+        that happens to read its frozen value again (a quiet die settled at the blind duty) shows a change.
+
+        Every ``stuck_dip_every_s`` the duty drops by ``probe_max_cut`` for ``stuck_dip_s``; lower duty is always
+        the safe direction, so a sensor that really is stuck costs only that throughput.
+        """
+        assert self._stuck is not None
+        c = self.config
+        since, duty = self._stuck
+        age = now_s - since
+        if c.stuck_dip_every_s > 0 and age >= c.stuck_dip_every_s and age % c.stuck_dip_every_s < c.stuck_dip_s:
+            return max(duty * (1.0 - c.probe_max_cut), c.min_duty)
+        return duty
+
     def _on_good_sample(self, now_s: float, temp: float, power: float, busy: float | None, dt: float) -> float:
         c = self.config
+        self._stuck = None
         self._last_good_t = now_s
         self._last_good_temp = temp
         headroom = min(max((c.limit_c - temp) / (c.limit_c - c.switch_on_c), 0.0), 1.0)

@@ -110,6 +110,12 @@ class ThermalConfig:
     probe_rate: float = 0.01
     # Largest probe cut, fraction of the busy fraction.
     probe_max_cut: float = 0.4
+    # While a reading is judged stuck (BLIND at the blind duty), the duty dips by probe_max_cut for stuck_dip_s
+    # every stuck_dip_every_s, so a live sensor that reads its frozen value again (a quiet die settled at the
+    # blind duty) shows a change and BLIND ends; lower duty is the safe direction. 0 turns the dips off.
+    stuck_dip_every_s: float = 120.0
+    # Length of each dip, s.
+    stuck_dip_s: float = 20.0
     # No budget increase while the reading has been unchanged for longer than this, s.
     frozen_hold_s: float = 20.0
     # Delay compensation: the reading the PI regulates on is the reading plus this fraction of the change a
@@ -173,7 +179,8 @@ class ThermalConfig:
             raise ValueError("ThermalConfig.p_idle_w must lie in [0, p_max_w)")
         if not self.plausible_min_c < self.switch_on_c:
             raise ValueError("ThermalConfig.plausible_min_c must be below switch_on_c")
-        for name in ("sensor_delay_s", "sink_rise_c", "reading_filter_s", "short_outage_s"):
+        for name in ("sensor_delay_s", "sink_rise_c", "reading_filter_s", "short_outage_s", "stuck_dip_every_s",
+                     "stuck_dip_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"ThermalConfig.{name} must be >= 0, got {value!r}")

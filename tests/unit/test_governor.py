@@ -315,3 +315,18 @@ def test_noise_filter_restarts_after_a_gap() -> None:
             gov.update(100.0 + i, 73.5, 400.0, 1.0)
             budgets[-1].append(gov.last_decision.budget_w)
     assert budgets[0][-1] is not None and budgets[0] == budgets[1]
+
+
+def test_a_stuck_verdict_dips_the_duty_so_a_live_sensor_can_show_itself() -> None:
+    cfg = ThermalConfig()
+    gov = Governor(cfg)
+    drive(gov, [50.0] * 30, power=40.0, busy=0.05)
+    duties = [gov.update(30.0 + i, 50.0, 560.0, 1.0) for i in range(400)]  # frozen under a load step
+    blind = [d for d, i in zip(duties, range(400), strict=True) if i >= 20]
+    assert max(blind) == cfg.blind_duty  # never above the blind duty
+    dipped = [d < cfg.blind_duty - 1e-9 for d in blind]
+    assert any(dipped) and sum(dipped) <= len(dipped) * (cfg.stuck_dip_s / cfg.stuck_dip_every_s) + cfg.stuck_dip_s
+    assert min(blind) >= cfg.blind_duty * (1 - cfg.probe_max_cut) - 1e-9
+    # the dip answered: the value moves, and BLIND ends after recover_samples
+    drive(gov, [48.0, 47.0, 47.0, 47.0, 47.0, 47.0], t0=430, power=300.0)
+    assert gov.state is not GovernorState.BLIND

@@ -103,7 +103,7 @@ def test_cli_matrix_rejects_unknown_fault(capsys: pytest.CaptureFixture[str]) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("plant_seed", "seed", "false_blind"), [
-    (7, 1, 0), (11, 2, 0), (3, 5, 0), (19, 4, 3), (23, 24, 1), (29, 30, 0), (41, 42, 0), (43, 44, 0), (47, 48, 0),
+    (7, 1, 1), (11, 2, 0), (3, 5, 0), (19, 4, 0), (23, 24, 1), (29, 30, 0), (41, 42, 0), (43, 44, 0), (47, 48, 1),
     (53, 54, 0),
 ])
 def test_full_matrix_30_random_plants(plant_seed: int, seed: int, false_blind: int) -> None:

@@ -291,10 +291,10 @@ class Governor:
         return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND, f"{why}: blind", None, power)
 
     def _stuck_duty(self, now_s: float) -> float:
-        """The duty while a reading is judged stuck: the blind duty, dipped now and then so that a live sensor
-        that happens to read its frozen value again (a quiet die settled at the blind duty) shows a change.
+        """The duty while a reading is judged stuck: the blind duty, dipped now and then.
 
-        Every ``stuck_dip_every_s`` the duty drops by ``probe_max_cut`` for ``stuck_dip_s``; lower duty is always
+        A live sensor that happens to read its frozen value again (a quiet die settled at the blind duty) then
+        shows a change. Every ``stuck_dip_every_s`` the duty drops by ``probe_max_cut`` for ``stuck_dip_s``; lower duty is always
         the safe direction, so a sensor that really is stuck costs only that throughput.
         """
         assert self._stuck is not None

@@ -294,8 +294,8 @@ class Governor:
         """The duty while a reading is judged stuck: the blind duty, dipped now and then.
 
         A live sensor that happens to read its frozen value again (a quiet die settled at the blind duty) then
-        shows a change. Every ``stuck_dip_every_s`` the duty drops by ``probe_max_cut`` for ``stuck_dip_s``; lower duty is always
-        the safe direction, so a sensor that really is stuck costs only that throughput.
+        shows a change. Every ``stuck_dip_every_s`` the duty drops by ``probe_max_cut`` for ``stuck_dip_s``;
+        lower duty is always the safe direction, so a sensor that really is stuck costs only that throughput.
         """
         assert self._stuck is not None
         c = self.config

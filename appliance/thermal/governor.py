@@ -68,7 +68,7 @@ class Governor:
         self._state = GovernorState.COOL
         self._duty = 1.0
         self._integral: float | None = None  # W; None until first activation (bumpless start)
-        self._w_per_duty = c.p_max_w - c.p_idle_w
+        self._w_per_duty = c.nameplate_w
         self._last_t: float | None = None
         self._last_good_t: float | None = None
         self._last_good_temp: float | None = None
@@ -79,7 +79,7 @@ class Governor:
         self._stuck: tuple[float, float] | None = None  # (since, duty) while a stuck verdict holds
         self._last_energy: tuple[float, float] | None = None
         self._frozen = FrozenDetector(FrozenSettings(
-            c.die_rise_c, c.p_max_w - c.p_idle_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
+            c.die_rise_c, c.nameplate_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
         self._check = FrozenCheck(True)
         self._boost = 0.0
@@ -89,6 +89,7 @@ class Governor:
         self._lead_model: float | None = None
         self._filtered: tuple[float, float, float] | None = None  # (time, filtered reading, delayed model)
         self._lead_hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
+        self._lead_then = 0.0  # the die model sensor_delay_s ago, W (what the reading should show now)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self.sensor_errors = 0
@@ -191,6 +192,7 @@ class Governor:
         else:
             self._lead_model += (power - self._lead_model) * min(dt / c.die_tau_s, 1.0)
         self._lead_hist.append((now_s, self._lead_model))
+        self._lead_then = self._model_delayed()
 
     def _model_c(self, delta_w: float) -> float:
         return self.config.die_rise_c * delta_w / self._full_w()
@@ -201,7 +203,7 @@ class Governor:
         The die models use it so they follow the card that is really there when ``p_max_w`` is the uncommissioned
         default (``die_rise_c`` and ``sink_rise_c`` are rises at full power).
         """
-        nameplate = self.config.p_max_w - self.config.p_idle_w
+        nameplate = self.config.nameplate_w
         return min(max(self._w_per_duty, 0.25 * nameplate), 2.0 * nameplate)
 
     def _model_delayed(self) -> float:
@@ -219,7 +221,7 @@ class Governor:
         c = self.config
         if self._lead_model is None or c.lead_gain <= 0.0 or c.sensor_delay_s <= 0.0:
             return 0.0
-        return c.lead_gain * self._model_c(self._lead_model - self._model_delayed())
+        return c.lead_gain * self._model_c(self._lead_model - self._lead_then)
 
     def _filter(self, now_s: float, reading: float, dt: float) -> float:
         """The reading for the P term: noise-filtered, but following the die model between readings.
@@ -229,7 +231,7 @@ class Governor:
         raw reading after any gap in regulation (BLIND, HOLDING, COOL).
         """
         c = self.config
-        model = self._model_delayed()
+        model = self._lead_then
         last = self._filtered
         if c.reading_filter_s <= 0.0 or last is None or now_s - last[0] > 2.0 * c.period_s:
             value = reading
@@ -388,7 +390,7 @@ class Governor:
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).
         def gain(err: float) -> float:
-            return (c.kp_cool_w_per_c if err >= 0 else c.kp_hot_w_per_c) * w / (c.p_max_w - c.p_idle_w)
+            return (c.kp_cool_w_per_c if err >= 0 else c.kp_hot_w_per_c) * w / c.nameplate_w
 
         kp = gain(e_p)
         if self._integral is None:  # bumpless start at the measured power

@@ -187,6 +187,11 @@ class ThermalConfig:
         if self.recover_samples < 1:
             raise ValueError("ThermalConfig.recover_samples must be >= 1")
 
+    @property
+    def nameplate_w(self) -> float:
+        """Watts of a full duty above idle on the nameplate (``p_max_w - p_idle_w``)."""
+        return self.p_max_w - self.p_idle_w
+
     def replace(self, **changes: float) -> ThermalConfig:
         """Return a validated copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

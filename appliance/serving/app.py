@@ -28,6 +28,7 @@ from appliance.clock import Clock, RealClock
 from appliance.config import Config
 from appliance.engines import resolve
 from appliance.errors import Unavailable
+from appliance.heap import keep_heap
 from appliance.manifest import load_manifest
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.postprocess import Postprocessor
@@ -119,6 +120,7 @@ class App:
                 limits=self.limits,
                 memory_bytes=config.workers.memory_bytes,
                 nice=config.workers.nice,
+                heap_keep_bytes=config.workers.heap_keep_bytes,
                 faults=os.environ.get("APPLIANCE_TEST_DECODER_FAULTS") == "1",
             ),
             config.workers,
@@ -396,6 +398,7 @@ def preprocess_workers(config: Config) -> int:
 
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; drain and return 0."""
+    keep_heap(config.workers.heap_keep_bytes)  # the daemon copies each request's bytes too
     app = App(config, notifier=notifier)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -37,6 +37,7 @@ from PIL import Image
 
 from appliance import dicom
 from appliance.errors import ApplianceError, DicomError, Overloaded
+from appliance.heap import keep_heap
 from appliance.logs import configure_logging
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.preprocess import Pipeline
@@ -61,6 +62,7 @@ class WorkerSpec:
     limits: dicom.DicomLimits
     memory_bytes: int  # address space a worker may add on top of what it has after start-up (RLIMIT_AS)
     nice: int = 0  # added to the worker's niceness: the engine thread and the event loop come first
+    heap_keep_bytes: int = 0  # free heap the worker keeps for reuse (appliance.heap); 0 = glibc's defaults
     faults: bool = False  # test-only fault injection
 
 
@@ -207,6 +209,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     Image.MAX_IMAGE_PIXELS = spec.limits.max_pixels_per_frame
     if spec.nice > 0:
         os.nice(spec.nice)
+    keep_heap(spec.heap_keep_bytes)
     worker = _Worker(conn, spec)
     _limit_memory(spec.memory_bytes)
     conn.send(("ready", os.getpid(), _rss_bytes()))

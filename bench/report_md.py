@@ -48,15 +48,15 @@ def _row(name: str, what: str, v: dict[str, Any]) -> None:
     mb = v.get("mean_batch") or (v.get("triton_batches") or {}).get("mean_batch")
     print(f"| {name} | {what} | {_f(v['throughput_per_s'], 1)} | {_f(lat['p50'], 1)} | {_f(lat['p99'], 1)}"
           f" | {_f(lat.get('jitter'))} | {_f(v.get('cpu_ms_per_request'), 1)} | {_f(v.get('server_cpu_cores'))}"
-          f" | {_f(v.get('wakeups_per_request'), 1)} | {_f(mb)} |")
+          f" | {_f(v.get('wakeups_per_request'), 1)} | {_f(v.get('page_faults_per_request'), 0)} | {_f(mb)} |")
 
 
 def patterns(r: dict[str, Any]) -> None:
     sweep = r.get("sweep", {})
     if sweep:
         print("| server | clients | req/s | p50 ms | p99 ms | p99/p50 | CPU ms/req | CPU cores | wake-ups/req"
-              " | mean batch |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              " | page faults/req | mean batch |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, points in sweep.items():
             for n, v in sorted(points.items(), key=lambda kv: int(kv[0])):
                 _row(name, n, v)

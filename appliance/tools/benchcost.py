@@ -101,6 +101,18 @@ def proc_tree_cpu_s(pid: int) -> dict[int, float]:
     return out
 
 
+def proc_tree_minor_faults(pid: int) -> int:
+    """Minor page faults (fresh pages touched) of ``pid`` and its live descendants (/proc stat field 10)."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        total += int(stat[stat.rindex(")") + 2:].split()[7])
+    return total
+
+
 def proc_tree_switches(pid: int) -> int:
     """Voluntary + involuntary context switches of every thread of ``pid`` and its descendants (wake-ups)."""
     total = 0

@@ -100,6 +100,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
     names = bc.python_thread_names(srv.pid) if srv.pid else {}
     thr0 = bc.thread_cpu_s(srv.pid, names) if srv.pid else {}
     sw0 = bc.proc_tree_switches(srv.pid) if srv.pid else 0
+    pf0 = bc.proc_tree_minor_faults(srv.pid) if srv.pid else 0
     m0 = _triton_metrics(srv)
     s0 = await _status(status)
     got = await run(send)
@@ -111,6 +112,7 @@ async def _point(srv: _Server, pattern: str, send: loadgen.Sender,
         out["cpu_ms_per_request"] = round(cpu * 1000.0 / ok, 2)
         out["server_cpu_cores"] = round(cpu / res.elapsed_s, 3) if res.elapsed_s else None
         out["wakeups_per_request"] = round((bc.proc_tree_switches(srv.pid) - sw0) / ok, 1)
+        out["page_faults_per_request"] = round((bc.proc_tree_minor_faults(srv.pid) - pf0) / ok, 1)
         thr1 = bc.thread_cpu_s(srv.pid, names)
         by_thread = {k: (v - thr0.get(k, 0.0)) * 1000.0 / ok for k, v in thr1.items()}
         out["cpu_ms_per_request_by_thread"] = {k: round(v, 2) for k, v in

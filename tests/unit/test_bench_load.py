@@ -199,6 +199,7 @@ def test_extended_report_against_a_running_daemon(app: RunningApp, tmp_path: Pat
     assert set(report["sweep"]["appliance"]) == {"1", "2"}
     point = report["sweep"]["appliance"]["2"]
     assert point["cpu_ms_per_request"] > 0 and point["wakeups_per_request"] >= 0
+    assert point["page_faults_per_request"] >= 0
     assert 1 <= point["mean_batch"] <= 4  # the fake model's B is 4
     assert report["poisson"]["rate_per_s"] == pytest.approx(0.5 * report["capacity_per_s"]["appliance"], rel=0.01)
     assert len(report["bursts"]["appliance"]["burst_drain_ms"]) == 2
@@ -240,3 +241,15 @@ def test_simulated_ideal_queue_waits_only_while_the_engine_idles() -> None:
     assert np.allclose(lat, 17.0)
     lat0 = sim.simulate([2.0], engine_ms=10.0, batch=4, workers=1, max_wait_ms=0.0, rate_per_ms=1e-6, n=50)
     assert np.allclose(lat0, 12.0)
+
+
+def test_minor_faults_count_fresh_pages() -> None:
+    import mmap
+
+    from appliance.tools import benchcost
+
+    before = benchcost.proc_tree_minor_faults(os.getpid())
+    with mmap.mmap(-1, 8 << 20) as m:  # 2048 pages, each touched once
+        for off in range(0, 8 << 20, mmap.PAGESIZE):
+            m[off] = 1
+    assert benchcost.proc_tree_minor_faults(os.getpid()) - before >= 2000

@@ -1,0 +1,101 @@
+"""What the worker process costs on top of its work: CPU and minor page faults per file, sequential, no load.
+
+    python bench/worker_overhead.py [WORKLOAD=native] [REPS=10] [HEAP_KEEP_BYTES=64 MiB]
+
+Runs the same calls a worker makes (``dicom.parse`` + ``Pipeline.check`` + ``Pipeline.run`` into a slot) on 32
+workload files in this process, then through a real worker process and its pipe protocol (parse, frame, drop),
+and prints CPU ms and minor faults per file for both. docs/performance.md ("Heap") quotes it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from appliance import dicom
+from appliance.pipeline.loader import load_pipelines
+from appliance.tools import synthetic
+from appliance.workers.arena import SlotArena
+from appliance.workers.child import WorkerSpec, worker_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _stat(pid: int) -> tuple[float, int]:
+    """(user + system CPU seconds, minor faults) of a process."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+def main(argv: list[str]) -> int:
+    workload = argv[1] if len(argv) > 1 else "native"
+    reps = int(argv[2]) if len(argv) > 2 else 10
+    keep = int(argv[3]) if len(argv) > 3 else 64 << 20
+    files = synthetic.workload(workload, 32, 0)
+    pipeline = load_pipelines(REPO / "pipelines", REPO / "models")["ct-nodule"]
+    slot = np.zeros(pipeline.input_shape, np.float32)
+    n = reps * len(files)
+
+    def local(data: bytes) -> None:
+        inst = dicom.parse(data)
+        pipeline.check(inst)
+        pipeline.run(inst, 0, slot)
+
+    for data in files:
+        local(data)
+    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
+    for _ in range(reps):
+        for data in files:
+            local(data)
+    t_local = (time.thread_time() - t0) / n * 1000
+    f_local = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / n
+
+    arena = SlotArena.create(2, tuple(pipeline.input_shape))
+    spec = WorkerSpec(arena=arena.spec, pipelines_dir=str(REPO / "pipelines"), models_dir=str(REPO / "models"),
+                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, heap_keep_bytes=keep)
+    ctx = mp.get_context("forkserver")
+    conn, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=worker_main, args=(child, spec))
+    proc.start()
+    child.close()
+    assert conn.recv()[0] == "ready"
+    job = 0
+
+    def remote(data: bytes) -> None:
+        nonlocal job
+        job += 1
+        conn.send(("parse", job, pipeline.name))
+        conn.send_bytes(data)
+        assert conn.recv()[0] == "parsed"
+        conn.send(("frame", job, 0, 0))
+        assert conn.recv()[0] == "frame"
+        conn.send(("drop", job))
+
+    try:
+        for data in files:
+            remote(data)
+        (c0, m0), s0 = _stat(proc.pid), time.thread_time()
+        for _ in range(reps):
+            for data in files:
+                remote(data)
+        c1, m1 = _stat(proc.pid)
+        t_send = (time.thread_time() - s0) / n * 1000
+    finally:
+        conn.send(("stop",))
+        proc.join(5)
+        arena.close()
+    print(f"{workload}, heap_keep_bytes {keep}: in one process {t_local:.2f} ms/file, {f_local:.0f} faults/file; "
+          f"worker process {(c1 - c0) / n * 1000:.2f} ms/file, {(m1 - m0) / n:.0f} faults/file; "
+          f"daemon side (send + wait) {t_send:.2f} ms/file")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -41,6 +41,10 @@ def costs(r: dict[str, Any]) -> None:
         print(f"\nCeiling: {ce['cores']} cores / {_f(ce['per_slice_cpu_ms'], 3)} ms"
               f" = **{_f(ce['cpu_ceiling_per_s'], 1)}/s**; pipelined bound ({ce['workers']} preprocessing core(s))"
               f" = **{_f(ce['pipelined_bound_per_s'], 1)}/s**\n")
+        if "cost_drift" in r:
+            d = r["cost_drift"]
+            print(f"Costs after the load / before: preprocessing {_f(d['preprocess'], 3)}, engine {_f(d['engine'], 3)};"
+                  " the ceilings use the mean of the two phases.\n")
 
 
 def _row(name: str, what: str, v: dict[str, Any]) -> None:

@@ -253,3 +253,20 @@ def test_minor_faults_count_fresh_pages() -> None:
         for off in range(0, 8 << 20, mmap.PAGESIZE):
             m[off] = 1
     assert benchcost.proc_tree_minor_faults(os.getpid()) - before >= 2000
+
+
+def test_ceilings_use_the_mean_of_the_cost_phases_before_and_after_the_load(monkeypatch) -> None:
+    from appliance.tools import benchrun
+
+    def costs(pre_ms: float, engine_ms: float) -> dict:
+        return {"costs": {"preprocess": {"mean_ms": pre_ms}, "engine_batch_ms": engine_ms, "batch_size": 8,
+                          "cpu": 1}}
+
+    report = {**costs(10.0, 40.0), "ceiling": {"cores": 2, "workers": 1, **bc.ceilings(10.0, 40.0, 8, 2, 1)}}
+    monkeypatch.setattr(benchrun, "_costs", lambda *a: costs(12.0, 44.0))  # the box slowed down meanwhile
+    benchrun._costs_again(None, [], None, None, report)
+    assert report["cost_drift"] == {"preprocess": 1.2, "engine": 1.1}
+    assert report["costs_after"]["preprocess_mean_ms"] == 12.0
+    assert report["ceiling"]["per_slice_cpu_ms"] == pytest.approx(11.0 + 42.0 / 8)
+    assert report["ceiling"]["cpu_ceiling_per_s"] == pytest.approx(2000 / (11.0 + 42.0 / 8), abs=0.01)
+    assert report["costs"]["preprocess"]["mean_ms"] == 10.0  # the first phase is kept as measured

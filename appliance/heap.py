@@ -49,7 +49,7 @@ def keep_heap(keep_bytes: int, *, libc: ctypes.CDLL | None = None) -> bool:
         return False
     libc = libc or _glibc()
     if libc is None:
-        log.debug("heap: libc is not glibc, malloc thresholds left as they are")
+        log.info("heap: workers.heap_keep_bytes has no effect here (libc is not glibc); malloc left as it is")
         return False
     mmap_threshold = min(int(keep_bytes), MMAP_THRESHOLD_MAX)
     ok = bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(libc.mallopt(M_TRIM_THRESHOLD, int(keep_bytes)))

@@ -88,3 +88,13 @@ def test_keep_heap_zero_leaves_malloc_alone_and_refusal_is_reported(caplog: pyte
     assert libc.calls == []
     assert not keep_heap(1 << 20, libc=_FakeLibc(answer=0))  # type: ignore[arg-type]
     assert "mallopt refused" in caplog.text
+
+
+def test_keep_heap_says_when_libc_is_not_glibc(monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    from appliance import heap
+
+    monkeypatch.setattr(heap, "_glibc", lambda: None)
+    with caplog.at_level("INFO", logger="appliance.heap"):
+        assert not keep_heap(64 << 20)
+    assert "workers.heap_keep_bytes has no effect here" in caplog.text

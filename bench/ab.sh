@@ -4,9 +4,9 @@
 # side runs from a temporary worktree of REF, started there: `python -m` puts the current directory first on
 # sys.path, ahead of PYTHONPATH, so a base run started from this checkout would run this checkout's code.
 # Prints one line per run and the mean of each side; differences smaller than the spread between pairs are noise.
-# Usage: bench/ab.sh [REF] [PAIRS] [SECONDS] [WORKLOAD]    (from the checkout, with .venv holding the dev extra)
+# Usage: bench/ab.sh [REF] [PAIRS] [SECONDS] [WORKLOAD] [CLIENTS=16]   (from the checkout, with .venv holding the dev extra)
 set -euo pipefail
-ref="${1:-HEAD}"; pairs="${2:-3}"; secs="${3:-20}"; workload="${4:-quarters}"
+ref="${1:-HEAD}"; pairs="${2:-3}"; secs="${3:-20}"; workload="${4:-quarters}"; clients="${5:-16}"
 bin="$(cd "${VENV:-.venv}/bin" && pwd)"
 here="$(pwd)"
 out="$(mktemp -d)"
@@ -17,18 +17,18 @@ for i in $(seq 1 "$pairs"); do
     if [ "$side" = base ]; then cd "$out/base"; else cd "$here"; fi
     code="$("$bin/python" -c 'import appliance, os; print(os.path.dirname(os.path.dirname(appliance.__file__)))')"
     [ "$code" = "$(pwd)" ] || { echo "$side would run the code in $code, not $(pwd)" >&2; exit 1; }
-    "$bin/python" -m appliance.cli bench --sweep 16 --workload "$workload" --no-sequential \
+    "$bin/python" -m appliance.cli bench --sweep "$clients" --concurrency "$clients" --workload "$workload" --no-sequential \
       --duration "$secs" --json "$out/$side-$i.json" >/dev/null 2>"$out/$side-$i.err"
   done
 done
-"$bin/python" - "$out" "$pairs" <<'PY'
+"$bin/python" - "$out" "$pairs" "$clients" <<'PY'
 import json, statistics, sys
-out, pairs = sys.argv[1], int(sys.argv[2])
+out, pairs, clients = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 keys = ("throughput_per_s", "cpu_ms_per_request", "wakeups_per_request", "page_faults_per_request")
 rows = {"new": [], "base": []}
 for i in range(1, pairs + 1):
     for side in rows:
-        s = json.load(open(f"{out}/{side}-{i}.json"))["sweep"]["appliance"]["16"]
+        s = json.load(open(f"{out}/{side}-{i}.json"))["sweep"]["appliance"][clients]
         rows[side].append([s.get(k, 0) for k in keys] + [s["latency_ms"]["p50"]])
         print(f"{side:>4} {i}: " + "  ".join(f"{k} {v}" for k, v in zip((*keys, "p50_ms"), rows[side][-1])))
 for side, r in rows.items():

@@ -71,6 +71,9 @@ class Batcher(Inbox):
         # TensorRT: 2, so the copy of batch k+1 overlaps the compute of batch k; ONNX Runtime: 1.
         self._depth = max(1, int(getattr(engine, "max_in_flight", 1)))
         self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
+        # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): a batch
+        # launched then may use the engine's burst threads (Engine.set_burst).
+        self.preprocessing_idle: Callable[[], bool] = lambda: False
 
     # ---- the engine thread ------------------------------------------------------------------------------
 
@@ -191,6 +194,7 @@ class Batcher(Inbox):
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:  # submit copies the batch out: the buffer is free again afterwards
+            self.engine.set_burst(self.stage_lock is not None or self.preprocessing_idle())
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
             self._in_flight.append((ticket, items, t0))

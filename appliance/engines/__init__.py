@@ -199,6 +199,10 @@ class AutoEngine(Engine):
         """The chosen backend's :meth:`~appliance.engines.base.Engine.submit`."""
         return self._require().submit(batch)
 
+    def set_burst(self, on: bool) -> None:
+        """The chosen backend's :meth:`~appliance.engines.base.Engine.set_burst`."""
+        self._require().set_burst(on)
+
     def result(self, ticket: Any) -> dict[str, np.ndarray]:
         """The chosen backend's :meth:`~appliance.engines.base.Engine.result`."""
         return self._require().result(ticket)

@@ -129,6 +129,13 @@ class Engine(abc.ABC):
         except (AttributeError, KeyError):
             raise EngineError("result() for a ticket that was not submitted (or already collected)") from None
 
+    def set_burst(self, on: bool) -> None:  # noqa: B027 - optional hook
+        """Run the next batches with the burst thread pool (True) or the normal one (default: ignored).
+
+        The batcher calls it before each batch with whether preprocessing is idle; only a CPU backend with
+        ``burst_threads`` above its intra-op threads acts on it.
+        """
+
     def warmup(self, runs: int = 2) -> None:
         """Run ``runs`` zero batches so lazy initialisation happens before READY."""
         zeros = np.zeros((self.batch_size, *self.item_shape), dtype=np.float32)

@@ -53,6 +53,8 @@ class FakeEngine(Engine):
         self.hang_after: int | None = self.options.get("hang_after")  # block forever from this batch on
         self.load_gate: threading.Event | None = self.options.get("load_gate")  # load() waits for it
         self.batches: list[np.ndarray] = []  # copies of every batch run (warm-up excluded)
+        self.bursts: list[bool] = []  # the set_burst flag each of those batches ran with
+        self._burst = False
         self.loaded = False
         self._warming = False
 
@@ -75,10 +77,15 @@ class FakeEngine(Engine):
         finally:
             self._warming = False
 
+    def set_burst(self, on: bool) -> None:
+        """Record the flag for the next batches (``bursts``), as the CPU backend would switch thread pools."""
+        self._burst = on
+
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         if not self._warming:
             n = len(self.batches)
             self.batches.append(batch.copy())
+            self.bursts.append(self._burst)
             if self.dead_after is not None and n >= self.dead_after:
                 raise EngineDeadError(f"fake engine dead at batch {n}")
             if n in self.fail_batches:

@@ -155,9 +155,15 @@ class _OrtEngine(Engine):
     PROVIDER: ClassVar[str] = ""
     DEPENDENCIES: ClassVar[dict[str, str]] = {"onnxruntime": "ONNX Runtime (the [cpu] or [gpu] extra)"}
 
+    #: Whether a second, wider session may run batches while preprocessing is idle (the CPU provider only).
+    BURSTS: ClassVar[bool] = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._session: Any = None
+        self._wide: Any = None  # the burst session (burst_threads intra-op threads), CPU only
+        self._burst = False
+        self.burst_batches = 0  # batches run on the burst session
         self._actual_provider = "not loaded"
 
     @classmethod
@@ -170,15 +176,16 @@ class _OrtEngine(Engine):
         """``onnxruntime:<provider that actually runs>``."""
         return f"onnxruntime:{self._actual_provider}"
 
-    def _session_options(self) -> Any:
+    def _session_options(self, threads: int | None = None) -> Any:
         ort = _ort()
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.intra_op_num_threads = int(self.options.get("intra_op_threads", 1))
+        so.intra_op_num_threads = threads or int(self.options.get("intra_op_threads", 1))
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        if not self.options.get("allow_spinning", True):
+        # A burst pool must not spin on cores the workers need a moment later.
+        if threads is not None or not self.options.get("allow_spinning", True):
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         for key, value in self.artifact.session_config.items():
             so.add_session_config_entry(key, value)
@@ -217,8 +224,28 @@ class _OrtEngine(Engine):
             raise BackendUnavailable(
                 f"{self.artifact.path}: graph input shape {shape} != manifest {expected} (the batch must be fixed)"
             )
+        burst = int(self.options.get("burst_threads", 1) or 1)
+        if self.BURSTS and burst > int(self.options.get("intra_op_threads", 1)):
+            self._wide = ort.InferenceSession(str(self.artifact.path), sess_options=self._session_options(burst),
+                                              providers=self._providers())
         self._bind()
-        log.info("engine loaded: %s %s on %s", self.manifest.name, self.precision, self.backend)
+        log.info("engine loaded: %s %s on %s%s", self.manifest.name, self.precision, self.backend,
+                 f" (burst: {burst} threads while preprocessing is idle)" if self._wide is not None else "")
+
+    def set_burst(self, on: bool) -> None:
+        """Run the next batches on the burst session when there is one (see :meth:`Engine.set_burst`)."""
+        self._burst = on and self._wide is not None
+
+    def warmup(self, runs: int = 2) -> None:
+        """Warm the session up, and the burst session with one batch (not counted in ``burst_batches``)."""
+        super().warmup(runs)
+        if self._wide is not None:
+            self.set_burst(True)
+            try:
+                super().warmup(1)
+            finally:
+                self.set_burst(False)
+                self.burst_batches = 0
 
     def _bind(self) -> None:
         """Hook for backends that bind device buffers after the session exists."""
@@ -226,15 +253,17 @@ class _OrtEngine(Engine):
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         if self._session is None:
             raise EngineDeadError("engine not loaded")
+        session = self._wide if self._burst else self._session
         try:
-            values = self._session.run(list(self.output_names), {self.input_name: batch})
+            values = session.run(list(self.output_names), {self.input_name: batch})
+            self.burst_batches += self._burst
         except Exception as e:  # ORT runtime failure of this batch
             raise EngineError(f"onnxruntime run failed: {e}") from e
         return dict(zip(self.output_names, values, strict=True))
 
     def close(self) -> None:
-        """Drop the session."""
-        self._session = None
+        """Drop the sessions."""
+        self._session = self._wide = None
 
 
 class OrtCpuEngine(_OrtEngine):
@@ -242,6 +271,7 @@ class OrtCpuEngine(_OrtEngine):
 
     name = "onnxruntime-cpu"
     PROVIDER = "CPUExecutionProvider"
+    BURSTS = True
 
 
 class _OrtGpuEngine(_OrtEngine):
@@ -250,8 +280,8 @@ class _OrtGpuEngine(_OrtEngine):
         "cuda-bindings": "the CUDA runtime binding used to probe the driver and device (the [gpu] extra)",
     }
 
-    def _session_options(self) -> Any:
-        so = super()._session_options()
+    def _session_options(self, threads: int | None = None) -> Any:
+        so = super()._session_options(threads)
         # Fail instead of silently placing nodes on the CPU (docs/gpu.md).
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so

@@ -95,7 +95,8 @@ class App:
         # engine + slot arena + batcher (the engine is loaded on its own thread in start())
         engine_cls, self.skipped_backends = resolve(config.engine.backend)
         options: dict[str, Any] = {"intra_op_threads": config.engine.intra_op_threads,
-                                   "allow_spinning": config.engine.allow_spinning}
+                                   "allow_spinning": config.engine.allow_spinning,
+                                   "burst_threads": config.engine.burst_threads or len(os.sched_getaffinity(0))}
         options.update(config.engine.options.as_dict())
         options.update(engine_options or {})
         self.engine = engine_cls(self.manifest, self.artifact, options)
@@ -131,6 +132,7 @@ class App:
             stage_lock=self.batcher.stage_lock,
         )
         self.batcher.parsing = self.pool.unadmitted
+        self.batcher.preprocessing_idle = self.pool.idle
         # the one request path, which every protocol front end calls
         self.path = RequestPath(
             model=ModelInfo(

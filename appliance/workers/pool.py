@@ -99,6 +99,7 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._busy: set[Job] = set()
+        self._stepping = [False] * workers  # worker i is parsing or decoding right now (its supervisor writes it)
         self._stopping = False
         self.restarts = 0
         self.last_progress = self.clock.monotonic()
@@ -143,6 +144,14 @@ class WorkerPool:
     def unadmitted(self) -> int:
         """Jobs queued or being parsed (approximate, lock-free: the launch policy reads it often)."""
         return sum(len(q) for q in self._queues.values()) + sum(1 for j in list(self._busy) if not j.request.items)
+
+    def idle(self) -> bool:
+        """True when no worker is parsing or decoding and no job waits for one.
+
+        Lock-free: the engine thread asks before every batch. A job's bookkeeping after its last frame (the
+        ``drop`` message) does not count as work.
+        """
+        return not any(self._stepping) and not any(self._queues.values())
 
     def statistics(self) -> PoolStats:
         """Return a snapshot."""
@@ -320,19 +329,23 @@ class WorkerPool:
         assert conn is not None
         index, worker = self._proc_for()
         data, job.data = job.data, None
+        self._stepping[index] = True
         try:
-            conn.send(("parse", job.id, job.pipeline))
-            conn.send_bytes(data or b"")
-        except OSError:
-            self._retire(index, worker, "crashed", "pipe broken")
-            job.fail(DicomError("decoder failed: the preprocessing worker died", field="dicom.PixelData"))
-            raise _WorkerLost("crashed", Unavailable("worker pipe broken")) from None
-        del data
-        try:
-            msg = self._recv(conn, worker, self._budget(job.request), index)
-        except _WorkerLost as lost:
-            job.fail(lost.error)
-            raise
+            try:
+                conn.send(("parse", job.id, job.pipeline))
+                conn.send_bytes(data or b"")
+            except OSError:
+                self._retire(index, worker, "crashed", "pipe broken")
+                job.fail(DicomError("decoder failed: the preprocessing worker died", field="dicom.PixelData"))
+                raise _WorkerLost("crashed", Unavailable("worker pipe broken")) from None
+            del data
+            try:
+                msg = self._recv(conn, worker, self._budget(job.request), index)
+            except _WorkerLost as lost:
+                job.fail(lost.error)
+                raise
+        finally:
+            self._stepping[index] = False
         if msg[0] == "error":
             job.fail(decode_error(msg[2]))
             return int(msg[3])
@@ -374,8 +387,12 @@ class WorkerPool:
             return 0
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:
-            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot))
-            msg = self._recv(conn, worker, self._budget(job.request), index)
+            self._stepping[index] = True
+            try:
+                self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot))
+                msg = self._recv(conn, worker, self._budget(job.request), index)
+            finally:
+                self._stepping[index] = False
         if msg[0] == "error":
             self.batcher.frame_failed(item, decode_error(msg[2]))
             return int(msg[3])

@@ -75,6 +75,32 @@ def test_ort_cpu_conforms(manifest: Manifest, batch: np.ndarray, reference: dict
     assert_conforms(engine, batch, reference, atol=0.0, backend_prefix="onnxruntime:CPUExecutionProvider")
 
 
+def test_ort_cpu_burst_session_is_bit_identical_and_only_used_when_asked(
+        manifest: Manifest, batch: np.ndarray, reference: dict[str, np.ndarray]) -> None:
+    engine = OrtCpuEngine(manifest, manifest.artifact(None), {"burst_threads": 2})
+    engine.load()
+    try:
+        engine.warmup(1)
+        assert engine.burst_batches == 0  # warm-up is not counted
+        engine.set_burst(True)
+        wide = engine.run(batch)
+        engine.set_burst(False)
+        narrow = engine.run(batch)
+        assert engine.burst_batches == 1
+        for name in reference:  # more threads split the work, never the sums: the same bits
+            assert np.array_equal(wide[name], reference[name]) and np.array_equal(narrow[name], reference[name])
+    finally:
+        engine.close()
+    single = OrtCpuEngine(manifest, manifest.artifact(None), {"burst_threads": 1})
+    single.load()
+    try:
+        single.set_burst(True)  # no burst session: ignored
+        single.run(batch)
+        assert single.burst_batches == 0
+    finally:
+        single.close()
+
+
 def test_fake_engine_conforms(manifest: Manifest, batch: np.ndarray) -> None:
     assert_conforms(FakeEngine(manifest, manifest.artifact(None), {}), batch, None, backend_prefix="fake")
 

@@ -60,3 +60,13 @@ def test_scores_separate_positive_from_negative_slices(server) -> None:
         near = [np.hypot(loc.row - r, loc.column - c) for r, c, _d, _hu in truth.nodules]
         hits += min(near) < 64
     assert hits >= 4
+
+
+def test_a_lone_request_runs_on_the_burst_threads(server) -> None:
+    app, stub = server
+    engine = app.app.engine.chosen  # behind backend = "auto"
+    before = engine.burst_batches
+    data = synthetic.to_dicom(synthetic.generate_slice(9200, size=512))
+    for _ in range(3):  # one client, one slice at a time: no worker is busy when its batch launches
+        stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30)
+    assert engine.burst_batches - before >= 2

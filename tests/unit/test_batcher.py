@@ -315,6 +315,20 @@ def test_sequential_mode_holds_the_stage_lock_around_the_engine_and_computes_the
     assert held == [not overlap]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_batches_use_the_burst_threads_only_while_preprocessing_is_idle(fake_manifest, overlap):
+    h = Harness(fake_manifest, overlap=overlap)
+    idle = [True]
+    h.batcher.preprocessing_idle = lambda: idle[0]
+    h.submit([0.5])
+    h.settle()
+    idle[0] = False  # a worker is decoding the next request
+    h.submit([0.5])
+    h.settle()
+    # with overlap off nothing decodes while the engine runs (the stage lock), so every batch may burst
+    assert h.engine.bursts == ([True, False] if overlap else [True, True])
+
+
 def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest):
     """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
     batch k's result is collected; rows still come back to their own frames."""

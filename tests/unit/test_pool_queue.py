@@ -54,3 +54,16 @@ def test_cancelled_and_expired_jobs_are_skipped_and_the_expired_one_answered() -
     assert answered.wait(5)
     assert isinstance(failed["late"], DeadlineExceeded)
     assert pool.unadmitted() == 1  # "ok" is being parsed: nothing admitted for it yet
+
+
+def test_idle_means_no_job_waits_and_no_worker_parses_or_decodes() -> None:
+    pool = _pool(ManualClock())
+    assert pool.idle()
+    pool.submit(_job("a", Priority.BATCH))
+    assert not pool.idle()  # queued
+    pool._next_job()  # a supervisor took it ...
+    assert pool.idle()  # ... but has not sent it yet
+    pool._stepping[0] = True  # the worker parses or decodes
+    assert not pool.idle()
+    pool._stepping[0] = False  # the reply came back; the job's drop message is not work
+    assert pool.idle()

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -82,6 +83,8 @@ def test_ort_cpu_burst_session_is_bit_identical_and_only_used_when_asked(
     try:
         engine.warmup(1)
         assert engine.burst_batches == 0  # warm-up is not counted
+        # the burst pool's threads yield to the preprocessing workers (niceness 5) when one wakes up
+        assert engine.burst_tids and all(os.getpriority(os.PRIO_PROCESS, t) >= 10 for t in engine.burst_tids)
         engine.set_burst(True)
         wide = engine.run(batch)
         engine.set_burst(False)

@@ -19,7 +19,7 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -329,8 +329,7 @@ class WorkerPool:
         assert conn is not None
         index, worker = self._proc_for()
         data, job.data = job.data, None
-        self._stepping[index] = True
-        try:
+        with self._step(index):
             try:
                 conn.send(("parse", job.id, job.pipeline))
                 conn.send_bytes(data or b"")
@@ -344,8 +343,6 @@ class WorkerPool:
             except _WorkerLost as lost:
                 job.fail(lost.error)
                 raise
-        finally:
-            self._stepping[index] = False
         if msg[0] == "error":
             job.fail(decode_error(msg[2]))
             return int(msg[3])
@@ -386,19 +383,24 @@ class WorkerPool:
         if not self.batcher.begin_frame(item):  # cancelled or expired meanwhile
             return 0
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
-        with lock:
-            self._stepping[index] = True
-            try:
-                self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot))
-                msg = self._recv(conn, worker, self._budget(job.request), index)
-            finally:
-                self._stepping[index] = False
+        with lock, self._step(index):
+            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot))
+            msg = self._recv(conn, worker, self._budget(job.request), index)
         if msg[0] == "error":
             self.batcher.frame_failed(item, decode_error(msg[2]))
             return int(msg[3])
         _, _, info, ms, rss = msg
         self.batcher.frame_ready(item, info, ms)
         return int(rss)
+
+    @contextlib.contextmanager
+    def _step(self, index: int) -> Iterator[None]:
+        """Mark worker ``index`` as parsing or decoding (read by :meth:`idle`) for the duration of one step."""
+        self._stepping[index] = True
+        try:
+            yield
+        finally:
+            self._stepping[index] = False
 
     def _proc_for(self) -> tuple[int, multiprocessing.process.BaseProcess]:
         index = int(threading.current_thread().name.rsplit("-", 1)[1])

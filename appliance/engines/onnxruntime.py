@@ -25,6 +25,7 @@ import importlib.metadata
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -153,12 +154,24 @@ def probe_provider(provider: str) -> str | None:
     return None
 
 
-def _threads() -> set[int]:
-    """This process's thread ids (Linux; empty elsewhere)."""
+_BURST_NICE = 10  # the burst pool's threads: below the preprocessing workers' default niceness of 5
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _native_threads() -> set[int]:
+    """Ids of this process's threads that Python did not start (Linux; empty elsewhere).
+
+    Python's own threads (supervisors, executors, the event loop) are left out, so a thread one of them starts
+    while a session is created is never mistaken for one of ONNX Runtime's.
+    """
     try:
-        return {int(t) for t in os.listdir("/proc/self/task")}
+        tids = {int(t) for t in os.listdir("/proc/self/task")}
     except OSError:
         return set()
+    return tids - {t.native_id for t in threading.enumerate()}
 
 
 def _renice(tids: set[int], nice: int) -> None:
@@ -246,13 +259,13 @@ class _OrtEngine(Engine):
             raise BackendUnavailable(
                 f"{self.artifact.path}: graph input shape {shape} != manifest {expected} (the batch must be fixed)"
             )
-        burst = int(self.options.get("burst_threads", 1) or 1)
+        burst = int(self.options.get("burst_threads", 1)) or _cores()  # 0 = every core this process may use
         if self.BURSTS and burst > int(self.options.get("intra_op_threads", 1)):
-            before = _threads()
+            before = _native_threads()
             self._wide = ort.InferenceSession(str(self.artifact.path), sess_options=self._session_options(burst),
                                               providers=self._providers())
-            self.burst_tids = _threads() - before  # the burst pool's own threads
-            _renice(self.burst_tids, int(self.options.get("burst_nice", 10)))
+            self.burst_tids = _native_threads() - before  # the burst pool's own threads
+            _renice(self.burst_tids, _BURST_NICE)
         self._bind()
         log.info("engine loaded: %s %s on %s%s", self.manifest.name, self.precision, self.backend,
                  f" (burst: {burst} threads while preprocessing is idle)" if self._wide is not None else "")

@@ -21,7 +21,7 @@ import grpc
 from appliance.heap import keep_heap
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.tools import loadgen, synthetic
+from appliance.tools import benchcost, loadgen, synthetic
 from appliance.tools.procs import free_port
 
 _REPLY = pb.AnalyzeResponse(request_id="x", frames=[
@@ -68,9 +68,10 @@ def main(argv: list[str]) -> int:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=loadgen.CHANNEL_OPTIONS) as ch:
             send = loadgen.appliance_sender(ch, files)
             await loadgen.closed_loop(send, len(files), concurrency=16, duration_s=2)  # warm-up
-            c0 = _cpu_s(proc.pid or 0)
+            pid = proc.pid or 0
+            c0 = benchcost.proc_tree_cpu_s(pid)[pid]
             res = await loadgen.closed_loop(send, len(files), concurrency=16, duration_s=seconds)
-            cpu = _cpu_s(proc.pid or 0) - c0
+            cpu = benchcost.proc_tree_cpu_s(pid)[pid] - c0
             n = len(res.latencies)
             print(f"bare grpc.aio server, {workload}, heap_keep_bytes {keep}: {n / res.elapsed_s:.0f} req/s, "
                   f"server CPU {cpu / n * 1000:.3f} ms per request")

@@ -10,7 +10,6 @@ and prints CPU ms and minor faults per file for both. docs/performance.md ("Heap
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import resource
 import sys
 import time
@@ -20,18 +19,11 @@ import numpy as np
 
 from appliance import dicom
 from appliance.pipeline.loader import load_pipelines
-from appliance.tools import synthetic
+from appliance.tools import benchcost, synthetic
 from appliance.workers.arena import SlotArena
 from appliance.workers.child import WorkerSpec, worker_main
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _stat(pid: int) -> tuple[float, int]:
-    """(user + system CPU seconds, minor faults) of a process."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 def main(argv: list[str]) -> int:
@@ -81,11 +73,12 @@ def main(argv: list[str]) -> int:
     try:
         for data in files:
             remote(data)
-        (c0, m0), s0 = _stat(proc.pid), time.thread_time()
+        pid = proc.pid or 0
+        c0, m0, s0 = benchcost.proc_tree_cpu_s(pid)[pid], benchcost.proc_tree_minor_faults(pid), time.thread_time()
         for _ in range(reps):
             for data in files:
                 remote(data)
-        c1, m1 = _stat(proc.pid)
+        c1, m1 = benchcost.proc_tree_cpu_s(pid)[pid], benchcost.proc_tree_minor_faults(pid)
         t_send = (time.thread_time() - s0) / n * 1000
     finally:
         conn.send(("stop",))

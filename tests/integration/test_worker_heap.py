@@ -6,30 +6,18 @@ faults per slice, about 2.4 ms of CPU here); ``[workers] heap_keep_bytes`` keeps
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from pathlib import Path
 
 import grpc
 import pytest
 
+from appliance import heap
 from appliance.heap import MMAP_THRESHOLD_MAX, keep_heap
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import synthetic
+from appliance.tools.benchcost import proc_tree_minor_faults
 from tests.support import RunningApp, fake_config
-
-
-def _glibc() -> bool:
-    try:
-        return hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "gnu_get_libc_version")
-    except OSError:
-        return False
-
-
-def _minflt(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def _faults_per_slice(models_dir: Path, keep: int) -> float:
@@ -45,16 +33,16 @@ def _faults_per_slice(models_dir: Path, keep: int) -> float:
 
             send_all()  # warm: first use of each code path and buffer size
             pids = [p.pid for p in app.app.pool._procs.values()]
-            before = sum(_minflt(p) for p in pids)
+            before = sum(proc_tree_minor_faults(p) for p in pids)
             for _ in range(3):
                 send_all()
             assert [p.pid for p in app.app.pool._procs.values()] == pids  # no worker was replaced meanwhile
-            return (sum(_minflt(p) for p in pids) - before) / (3 * len(files))
+            return (sum(proc_tree_minor_faults(p) for p in pids) - before) / (3 * len(files))
     finally:
         app.stop()
 
 
-@pytest.mark.skipif(not _glibc(), reason="malloc thresholds are a glibc setting")
+@pytest.mark.skipif(heap._glibc() is None, reason="malloc thresholds are a glibc setting")
 def test_workers_reuse_their_heap(models_dir: Path) -> None:
     kept = _faults_per_slice(models_dir, 64 << 20)
     default = _faults_per_slice(models_dir, 0)
@@ -92,8 +80,6 @@ def test_keep_heap_zero_leaves_malloc_alone_and_refusal_is_reported(caplog: pyte
 
 def test_keep_heap_says_when_libc_is_not_glibc(monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from appliance import heap
-
     monkeypatch.setattr(heap, "_glibc", lambda: None)
     with caplog.at_level("INFO", logger="appliance.heap"):
         assert not keep_heap(64 << 20)

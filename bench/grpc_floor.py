@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import sys
 from typing import Any
 
@@ -45,12 +44,6 @@ def _serve(port: int, ready: Any, keep: int) -> None:
         await server.wait_for_termination()
 
     asyncio.run(main())
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str]) -> int:

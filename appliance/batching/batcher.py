@@ -68,14 +68,21 @@ class Batcher(Inbox):
         self.batches = 0
         self._running: list[WorkItem] = []  # the batches on the engine now (engine thread only)
         self._in_flight: collections.deque[InFlight] = collections.deque()
-        # TensorRT: 2, so the copy of batch k+1 overlaps the compute of batch k; ONNX Runtime: 1.
-        self._depth = max(1, int(getattr(engine, "max_in_flight", 1)))
         self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
         # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): a batch
         # launched then may use the engine's burst threads (Engine.set_burst).
         self.preprocessing_idle: Callable[[], bool] = lambda: False
 
     # ---- the engine thread ------------------------------------------------------------------------------
+
+    @property
+    def _depth(self) -> int:
+        """Batches that may be in flight: TensorRT 2, ONNX Runtime 1.
+
+        TensorRT copies batch k+1 while batch k computes. Asked of the engine each time: ``backend = "auto"``
+        only knows once :meth:`start` has loaded it.
+        """
+        return max(1, int(self.engine.max_in_flight))
 
 
     def start(self, warmup_runs: int = 3) -> threading.Event:

@@ -17,6 +17,7 @@ import pytest
 from appliance.batching.batcher import Batcher, BatcherConfig, BatchObserver, Pacer
 from appliance.batching.work import ItemState, Priority, Request
 from appliance.clock import ManualClock
+from appliance.engines import AutoEngine
 from appliance.engines.fake import FakeEngine
 from appliance.errors import (
     DeadlineExceeded,
@@ -339,6 +340,31 @@ def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(
         assert h.prob(req) == pytest.approx(req.instance, abs=1e-6)
     assert h.engine.log[:3] == ["submit", "submit", "result"]
     assert h.engine.log.count("submit") == h.engine.log.count("result") == len(h.engine.batches) == 3
+
+
+def test_pipelining_depth_is_read_from_the_engine_once_auto_has_chosen_it(fake_manifest):
+    """``backend = "auto"`` (the default) only knows its backend's depth after load(), on the engine thread: the
+    batcher is built before that and must still let a TensorRT-like backend have two batches in flight."""
+    engine = AutoEngine(fake_manifest, fake_manifest.artifact(),
+                        {"auto_order": ("pipelined",), "auto_classes": {"pipelined": Pipelined}})
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=16))
+    ready = batcher.start(warmup_runs=0)
+    try:
+        assert ready.wait(5) and batcher.start_error is None
+        done = threading.Semaphore(0)
+        with batcher._cond:  # admit two full batches at once, so both are ready when the loop next turns
+            for i in range(16):
+                req = Request(f"r{i}", "stub", Priority.BATCH, None, 0.0, n_frames=1, on_done=lambda r: done.release())
+                batcher.reserve(req)
+                assert batcher.begin_frame(req.items[0])
+                batcher.slots[req.items[0].slot][...] = 0.5
+                batcher.frame_ready(req.items[0], None, 0.1)
+        for _ in range(16):
+            assert done.acquire(timeout=5)
+    finally:
+        batcher.stop(2.0)
+    assert isinstance(engine.chosen, Pipelined)
+    assert engine.chosen.log[:3] == ["submit", "submit", "result"]
 
 
 def test_throttled_batcher_fills_batches_from_a_trickle(fake_manifest):

@@ -24,7 +24,7 @@ import numpy as np
 
 from appliance.batching.inbox import BatchObserver, Inbox, QueueStats
 from appliance.batching.pacer import Pacer
-from appliance.batching.policy import choose
+from appliance.batching.policy import choose, may_burst
 from appliance.batching.work import ItemState, WorkItem
 from appliance.clock import Clock
 from appliance.config import BatcherConfig
@@ -197,11 +197,14 @@ class Batcher(Inbox):
             for item in items:
                 self._release(item)
             self._cond.notify_all()
+            rate = self._arrival_rate(self.clock.monotonic())
         self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:  # submit copies the batch out: the buffer is free again afterwards
-            self.engine.set_burst(self.stage_lock is not None or self.preprocessing_idle())
+            self.engine.set_burst(may_burst(sequential=self.stage_lock is not None,
+                                            preprocessing_idle=self.preprocessing_idle(),
+                                            arrival_rate=rate, batch_s=self.batch_s_estimate))
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
             self._in_flight.append((ticket, items, t0))

@@ -326,8 +326,19 @@ def test_batches_use_the_burst_threads_only_while_preprocessing_is_idle(fake_man
     idle[0] = False  # a worker is decoding the next request
     h.submit([0.5])
     h.settle()
+    idle[0] = True
+    h.engine.latency_s = 0.05  # slept on the manual clock
+    reqs = []
+    for _ in range(40):  # 4 frames every 60 ms (one 50 ms batch + 10 ms): 3.3 expected during a batch
+        reqs.extend(h.submit([0.5]) for _ in range(4))
+        h.batcher.step(block=False)
+        h.clock.advance(0.01)
+    h.settle()
+    assert all(r.error is None for r in reqs)
     # with overlap off nothing decodes while the engine runs (the stage lock), so every batch may burst
-    assert h.engine.bursts == ([True, False] if overlap else [True, True])
+    assert h.engine.bursts[:2] == ([True, False] if overlap else [True, True])
+    steady = h.engine.bursts[-20:]  # once the 1 s arrival window is full
+    assert not any(steady) if overlap else all(steady)
 
 
 def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from appliance.batching.policy import Decision, choose
+from appliance.batching.policy import Decision, choose, may_burst
 
 INTERACTIVE, BATCH = 0, 1
 
@@ -92,3 +92,13 @@ def test_never_more_than_b_and_never_an_empty_launch() -> None:
                 assert all((c.priority, c.t_ready) <= (r.priority, r.t_ready) for c in chosen)
         else:
             assert d.wait_s > 0
+
+
+@pytest.mark.parametrize(("sequential", "idle", "rate", "expected"), [
+    (False, True, 10.0, True),  # a lone client: 10 frames/s x 40 ms = 0.4 expected during the batch
+    (False, True, 30.0, False),  # Poisson at 30/s: 1.2 frames expected mid-batch, a worker would preempt it
+    (False, False, 0.0, False),  # a worker is decoding now
+    (True, False, 100.0, True),  # sequential: nothing decodes while the engine runs
+])
+def test_burst_only_when_no_core_will_be_wanted_for_preprocessing(sequential, idle, rate, expected) -> None:
+    assert may_burst(sequential=sequential, preprocessing_idle=idle, arrival_rate=rate, batch_s=0.04) is expected

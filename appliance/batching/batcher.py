@@ -70,7 +70,7 @@ class Batcher(Inbox):
         self._in_flight: collections.deque[InFlight] = collections.deque()
         self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
         # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): a batch
-        # launched then may use the engine's burst threads (Engine.set_burst).
+        # launched then may use the engine's burst threads (Engine.set_burst; the rule is policy.may_burst).
         self.preprocessing_idle: Callable[[], bool] = lambda: False
 
     # ---- the engine thread ------------------------------------------------------------------------------
@@ -83,7 +83,6 @@ class Batcher(Inbox):
         only knows once :meth:`start` has loaded it.
         """
         return max(1, int(self.engine.max_in_flight))
-
 
     def start(self, warmup_runs: int = 3) -> threading.Event:
         """Start the engine thread: it loads the engine, warms it up, sets the returned event, then loops.

@@ -132,8 +132,9 @@ class Engine(abc.ABC):
     def set_burst(self, on: bool) -> None:  # noqa: B027 - optional hook
         """Run the next batches with the burst thread pool (True) or the normal one (default: ignored).
 
-        The batcher calls it before each batch with whether preprocessing is idle; only a CPU backend with
-        ``burst_threads`` above its intra-op threads acts on it.
+        The batcher calls it before each batch with :func:`appliance.batching.policy.may_burst` (preprocessing
+        idle and no frame expected during the batch); only a CPU backend with ``burst_threads`` above its intra-op
+        threads acts on it.
         """
 
     def warmup(self, runs: int = 2) -> None:

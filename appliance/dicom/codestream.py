@@ -83,7 +83,10 @@ def check_frame(transfer_syntax: str, frame: bytes, geometry: FrameGeometry) -> 
 
 
 def _ends_with_eoi(frame: bytes) -> bool:
-    tail = frame[-16:].rstrip(b"\x00")  # fragments are padded to an even length (and some writers pad more)
+    # Fragments are padded to an even length with 00, and some writers pad with FF or more than one byte (pydicom's
+    # own JPGExtended.dcm ends FF D9 FF). FF D9 cannot occur inside JPEG entropy-coded data (FF is stuffed with 00)
+    # nor inside a J2K packet body (FF is never followed by a byte above 8F there), so only the marker ends with it.
+    tail = frame[-64:].rstrip(b"\x00\xff")
     return tail.endswith(b"\xff\xd9")
 
 

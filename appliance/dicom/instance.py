@@ -14,6 +14,7 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.encaps import get_frame
 from pydicom.pixels import get_decoder
+from pydicom.uid import ExplicitVRBigEndian
 
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, stream_kind
 from appliance.dicom.syntaxes import NATIVE, first_line, tag_name, ts_label
@@ -132,6 +133,8 @@ class DicomInstance:
         """
         if not 0 <= index < self.number_of_frames:
             raise IndexError(f"frame index {index} out of range for {self.number_of_frames} frame(s)")
+        if self._unaligned_bits():
+            return self._bit_frame(index), self.photometric
         self._check_stream(index)
         decoder = get_decoder(self.transfer_syntax_uid)
         plugin = "" if self.decoding_plugin == NATIVE else self.decoding_plugin
@@ -156,6 +159,30 @@ class DicomInstance:
                 field="dicom.PixelData",
             )
         return arr, str(props.get("photometric_interpretation", self.photometric))
+
+    def _unaligned_bits(self) -> bool:
+        """1-bit native frames that do not end on a byte boundary (pydicom decodes them only all at once)."""
+        return (self.decoding_plugin == NATIVE and self.bits_allocated == 1 and self.number_of_frames > 1
+                and (self.rows * self.columns) % 8 != 0)
+
+    def _bit_frame(self, index: int) -> np.ndarray:
+        """Frame ``index`` of 1-bit native pixel data whose frames share bytes: the bits, unpacked in place.
+
+        DICOM packs 1-bit pixels continuously across frames, least significant bit first (PS3.5 8.1.1), so frame
+        i is bits [i n, (i + 1) n) of the value for n pixels a frame.
+        """
+        if self.transfer_syntax_uid == ExplicitVRBigEndian:  # OW words swapped: the bit order differs
+            raise DicomError(
+                f"{tag_name('BitsAllocated')} = 1 frames of {self.rows} x {self.columns} pixels do not end on a "
+                f"byte boundary; in Explicit VR Big Endian that layout is not supported",
+                field="dicom.PixelData",
+            )
+        n = self.rows * self.columns
+        first = index * n
+        start, shift = divmod(first, 8)
+        chunk = np.frombuffer(self._pixels, dtype=np.uint8, count=(shift + n + 7) // 8, offset=start)
+        bits = np.unpackbits(chunk, bitorder="little")[shift: shift + n]
+        return bits.reshape(self.rows, self.columns)
 
     def _check_stream(self, index: int) -> None:
         """Check frame ``index``'s codestream header against the DICOM header before any decoder runs."""

@@ -187,7 +187,16 @@ def native_pixels(pixels: bytes, pm: PixelModule) -> memoryview:
             f"(truncated, or {tag_name('NumberOfFrames')} too large)",
             field=f"dicom.{pm.keyword}",
         )
-    if per_frame and len(pixels) - expected >= per_frame:
+    if pm.bits_allocated == 1:  # frames share bytes: count in bits, past the even-length padding byte
+        spare_bits = (len(pixels) - expected - expected % 2) * 8
+        frame_bits = pm.rows * pm.columns * pm.samples
+        if spare_bits >= frame_bits:
+            raise DicomError(
+                f"{tag_name('NumberOfFrames')} = {pm.frames} but {label} holds {len(pixels) * 8 // frame_bits} "
+                "frames",
+                field="dicom.NumberOfFrames",
+            )
+    elif per_frame and len(pixels) - expected >= per_frame:
         held = len(pixels) // per_frame
         raise DicomError(
             f"{tag_name('NumberOfFrames')} = {pm.frames} but {label} holds {held} frames",

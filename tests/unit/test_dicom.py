@@ -261,6 +261,23 @@ def test_corrupt_jpeg_ls_fails_loudly_naming_syntax_and_plugin():
     assert "JPEG-LS Lossless" in str(info.value) and "pyjpegls" in str(info.value)
 
 
+@pytest.mark.parametrize(("pad", "ok"), [(b"", True), (b"\xff", True), (b"\xff\xff\x00", True),
+                                        (b"\x00" * 20, True), (b"\x12", False)])
+def test_a_frame_padded_after_its_end_marker_is_not_truncated(pad, ok):
+    """Writers pad a frame after FF D9 with 00 and sometimes FF; only a frame without the marker is truncated."""
+    pixels = (np.arange(64 * 64, dtype=np.uint16) % 4096).reshape(64, 64)
+    ds = make_dataset(pixels=pixels)
+    ds.compress(JPEGLSLossless, encoding_plugin="pyjpegls")
+    frame = next(pydicom.encaps.generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([frame + pad])
+    inst = parse(to_bytes(ds))
+    if ok:
+        np.testing.assert_array_equal(inst.decode_frame(0), pixels)
+    else:
+        with pytest.raises(DicomError, match="no end-of-image marker"):
+            inst.decode_frame(0)
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -293,6 +310,29 @@ def test_one_bit_segmentation_and_palette_decode():
     assert set(np.unique(seg.decode_frame(0))) <= {0, 1}
     palette = parse(_testdata("examples_palette.dcm"))
     assert palette.photometric == "PALETTE COLOR" and palette.decode_frame(0).shape == (350, 800)
+
+
+@pytest.mark.parametrize(("rows", "columns", "frames"), [(3, 5, 3), (7, 1, 5), (3, 5, 1), (4, 6, 3)])
+def test_one_bit_frames_that_share_bytes_decode_like_pydicom_decodes_them_all(rows, columns, frames):
+    """1-bit frames are packed back to back across byte boundaries (PS3.5 8.1.1); frame by frame they must give
+    what pydicom gives for the whole array, also when a frame ends mid-byte (3 x 5 = 15 bits)."""
+    bits = (np.arange(rows * columns * frames) * 7 % 3 == 0).astype(np.uint8)
+    ds = make_dataset(np.zeros((rows, columns), np.uint8), bits_stored=1, NumberOfFrames=frames)
+    ds.BitsAllocated, ds.HighBit = 1, 0
+    ds.PixelData = np.packbits(bits, bitorder="little").tobytes()
+    data = to_bytes(ds)
+    whole = pydicom.dcmread(io.BytesIO(data)).pixel_array.reshape(frames, rows, columns)
+    inst = parse(data)
+    np.testing.assert_array_equal(np.stack([inst.decode_frame(i) for i in range(frames)]), whole)
+    np.testing.assert_array_equal(whole.reshape(-1), bits)
+
+
+def test_one_bit_pixel_data_holding_more_frames_than_declared_is_refused():
+    ds = make_dataset(np.zeros((3, 5), np.uint8), bits_stored=1, NumberOfFrames=2)
+    ds.BitsAllocated, ds.HighBit = 1, 0
+    ds.PixelData = bytes(8)  # 64 bits: 4 frames of 15 bits, the header says 2
+    with pytest.raises(DicomError, match=r"\(0028,0008\) Number of Frames = 2 but .* holds 4 frames"):
+        parse(to_bytes(ds))
 
 
 def test_header_values_per_frame_and_voi_rules():

@@ -225,9 +225,14 @@ def load_frame(fr: Frame, arr: np.ndarray, photometric: str) -> None:
         fr.colour = True
         np.matmul(_palette_rgb(fr.inst, arr).astype(np.float32), LUMA, out=fr.image)
         return
-    np.copyto(fr.image, arr, casting="unsafe")
-    if fr.inst.pixel_keyword != "PixelData" and not np.isfinite(fr.image).all():
+    if fr.inst.pixel_keyword != "PixelData" and not np.isfinite(arr).all():
         raise DicomError(f"{tag_name(fr.inst.pixel_keyword)} frame {fr.index} contains NaN or infinity",
+                         field=f"dicom.{fr.inst.pixel_keyword}")
+    with np.errstate(over="ignore"):  # a finite double beyond float32 becomes inf here: said as such below
+        np.copyto(fr.image, arr, casting="unsafe")
+    if fr.inst.pixel_keyword == "DoubleFloatPixelData" and not np.isfinite(fr.image).all():
+        raise DicomError(f"{tag_name(fr.inst.pixel_keyword)} frame {fr.index} has values beyond the float32 range "
+                         f"(magnitude above {float(np.finfo(np.float32).max):.3g})",
                          field=f"dicom.{fr.inst.pixel_keyword}")
 
 

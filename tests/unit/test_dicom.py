@@ -390,6 +390,25 @@ def test_float_pixel_data_decodes_and_nan_is_rejected_by_the_pipeline(tmp_path):
         pipeline.run(parse(to_bytes(ds)), 0, np.empty(pipeline.input_shape, np.float32))
 
 
+@pytest.mark.parametrize(("value", "needle"), [(np.nan, "contains NaN or infinity"),
+                                             (np.inf, "contains NaN or infinity"),
+                                             (1e39, "has values beyond the float32 range")])
+def test_double_float_pixels_name_why_they_cannot_be_used(tmp_path, value, needle):
+    ds = make_dataset(sop_class=ParametricMapStorage, modality="MR")
+    for kw in ("PixelData", "BitsStored", "HighBit", "PixelRepresentation"):
+        delattr(ds, kw)
+    ds.BitsAllocated = 64
+    values = np.linspace(-1, 1, 16).reshape(4, 4)
+    ds.DoubleFloatPixelData = values.tobytes()
+    pipeline = any_grey_pipeline(tmp_path)
+    out = np.empty(pipeline.input_shape, np.float32)
+    pipeline.run(parse(to_bytes(ds)), 0, out)
+    values[1, 2] = value
+    ds.DoubleFloatPixelData = values.tobytes()
+    with pytest.raises(DicomError, match=rf"\(7FE0,0009\) Double Float Pixel Data frame 0 {needle}"):
+        pipeline.run(parse(to_bytes(ds)), 0, out)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=64), st.lists(st.integers(min_value=0, max_value=(1 << 20) + 64), max_size=6),
        st.integers(min_value=0, max_value=(1 << 20) + 70))

@@ -17,7 +17,7 @@ from pydicom.pixels import get_decoder
 from pydicom.uid import ExplicitVRBigEndian
 
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, stream_kind
-from appliance.dicom.syntaxes import NATIVE, first_line, tag_name, ts_label
+from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
 
 __all__ = ["DicomInstance", "DicomLimits"]
@@ -71,7 +71,8 @@ class DicomInstance:
         """Return shape, syntax and UIDs only; never patient data."""
         return (
             f"DicomInstance(sop_instance_uid={self.sop_instance_uid!r}, sop_class={self.sop_class_uid!r}, "
-            f"ts={self.transfer_syntax_uid!r}, modality={self.modality!r}, frames={self.number_of_frames}, "
+            f"ts={self.transfer_syntax_uid!r}, modality={defined_term(self.modality, MODALITIES)}, "
+            f"frames={self.number_of_frames}, "
             f"shape=({self.rows}, {self.columns}, {self.samples_per_pixel}), "
             f"photometric={self.photometric!r}, "
             f"bits={self.bits_stored}/{self.bits_allocated})"

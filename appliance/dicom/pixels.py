@@ -19,7 +19,7 @@ from pydicom.encaps import parse_basic_offsets, parse_fragments
 from pydicom.pixels.processing import apply_modality_lut
 
 from appliance.dicom.instance import DicomLimits
-from appliance.dicom.syntaxes import first_line, tag_name, ts_label
+from appliance.dicom.syntaxes import defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError, LimitExceeded
 
 __all__ = ["PIXEL_KEYWORDS", "PixelModule", "check_limits", "decode_options", "encapsulated_pixels",
@@ -99,7 +99,8 @@ def pixel_module(ds: Dataset, keyword: str) -> PixelModule:
     photometric = str(ds.get("PhotometricInterpretation") or "").strip()
     if photometric not in _PHOTOMETRIC_SAMPLES:
         raise DicomError(
-            f"{tag_name('PhotometricInterpretation')} {photometric!r} is missing or not supported",
+            f"{tag_name('PhotometricInterpretation')} {defined_term(photometric, _PHOTOMETRIC_SAMPLES)} is missing "
+            f"or not supported (supported: {', '.join(_PHOTOMETRIC_SAMPLES)})",
             field="dicom.PhotometricInterpretation",
         )
     if _PHOTOMETRIC_SAMPLES[photometric] != samples:

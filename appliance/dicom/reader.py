@@ -50,7 +50,7 @@ from appliance.dicom.pixels import (
     rescale_for,
     window_for,
 )
-from appliance.dicom.syntaxes import DECODER_PLUGINS, LOSSY_SYNTAXES, check_syntax, first_line, tag_name
+from appliance.dicom.syntaxes import DECODER_PLUGINS, LOSSY_SYNTAXES, check_syntax, first_line, tag_name, uid_label
 from appliance.errors import DicomError, LimitExceeded, NotApplicable
 
 __all__ = ["parse"]
@@ -214,7 +214,7 @@ def _identify(ds: Dataset) -> tuple[str, str, str]:
     sop_class = str(sop_class)
     present = [kw for kw in PIXEL_KEYWORDS if kw in ds]
     if not present:
-        label = f"'{_uid.UID(sop_class).name}' ({sop_class})"
+        label = uid_label(sop_class)
         if _is_pixel_class(sop_class):
             raise DicomError(f"{tag_name('PixelData')} is missing from a {label} object",
                              field="dicom.PixelData")

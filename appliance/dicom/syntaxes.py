@@ -15,8 +15,8 @@ from pydicom.pixels import get_decoder
 
 from appliance.errors import UnsupportedTransferSyntax
 
-__all__ = ["DECODER_PLUGINS", "LOSSY_SYNTAXES", "NATIVE", "check_syntax", "decoder_report", "first_line",
-           "plugin_status", "tag_name", "ts_label"]
+__all__ = ["DECODER_PLUGINS", "LOSSY_SYNTAXES", "MODALITIES", "NATIVE", "check_syntax", "decoder_report",
+           "defined_term", "first_line", "plugin_status", "tag_name", "ts_label", "uid_label"]
 
 NATIVE = "native"
 """Pseudo plugin name for the uncompressed syntaxes, decoded by pydicom's numpy-only native decoder."""
@@ -46,6 +46,24 @@ LOSSY_SYNTAXES = frozenset(
     {_uid.JPEGBaseline8Bit, _uid.JPEGExtended12Bit, _uid.JPEGLSNearLossless, _uid.JPEG2000, _uid.HTJ2K}
 )
 
+#: (0008,0060) Modality defined terms, current and retired (PS3.3 C.7.3.1.1.1): the only values a message quotes.
+MODALITIES = frozenset(
+    "AR ASMT AU BDUS BI BMD CFM CR CT CTPROTOCOL DG DMS DOC DX ECG EEG EMG EOG EPS ES FID GM HC HD IO IOL IVOCT "
+    "IVUS KER KO LEN LS M3D MG MR NM OAM OCT OP OPM OPT OPTBSV OPTENF OPV OSS OT PA PLAN POS PR PT PX REG RESP RF "
+    "RG RTDOSE RTIMAGE RTINTENT RTPLAN RTRAD RTRECORD RTSEGANN RTSTRUCT RWV SEG SM SMR SR SRF STAIN TEXTUREMAP TG "
+    "US VA XA XAPROTOCOL XC AS CD CF CP CS DD DF DM DS EC FA FS LP MA MS OPR ST VF".split()
+)
+
+
+def defined_term(value: str, terms: frozenset[str] | dict[str, int]) -> str:
+    """Quote a coded element value for a message only when it is one of the standard's ``terms``.
+
+    Anything else in a coded element (a writer's typo, or text placed there on purpose) could be patient data, and
+    messages never quote element values that could be (docs/dicom.md).
+    """
+    return repr(value) if value in terms else "(empty)" if not value else "(not a defined term)"
+
+
 def tag_name(keyword: str) -> str:
     """Return ``"(gggg,eeee) Name"`` for a DICOM keyword, the form every error message uses.
 
@@ -58,10 +76,21 @@ def tag_name(keyword: str) -> str:
     return f"({tag >> 16:04X},{tag & 0xFFFF:04X}) {dictionary_description(tag)}"
 
 
+def uid_label(uid: str) -> str:
+    """Return a UID as ``'Name' (uid)`` for messages, or ``'uid'`` when pydicom has no name for it.
+
+    A value that is not UID syntax (digits and dots, at most 64 characters) is not quoted: any text can sit in
+    the element, including patient data.
+    """
+    value = _uid.UID(uid)
+    if not value.is_valid:
+        return "(not a valid UID)"
+    return f"'{value.name}' ({uid})" if value.name and value.name != uid else f"'{uid}'"
+
+
 def ts_label(ts: str) -> str:
-    """Return a transfer syntax as ``'Name' (uid)`` for messages."""
-    name = _uid.UID(ts).name
-    return f"'{name}' ({ts})" if name and name != ts else f"'{ts}'"
+    """Return a transfer syntax as ``'Name' (uid)`` for messages (see :func:`uid_label`)."""
+    return uid_label(ts)
 
 
 def first_line(e: BaseException) -> str:

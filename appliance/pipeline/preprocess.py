@@ -48,6 +48,7 @@ import numpy as np
 from pydicom import uid as _uid
 
 from appliance.dicom import DicomInstance, tag_name
+from appliance.dicom.syntaxes import MODALITIES, defined_term, uid_label
 from appliance.errors import DicomError, NotApplicable
 from appliance.pipeline.steps import Frame, FrameInfo, Step, load_frame
 
@@ -92,12 +93,13 @@ class Pipeline:
         if acc.sop_classes is not None and inst.sop_class_uid not in acc.sop_classes:
             accepted = ", ".join(sorted(_uid.UID(u).name for u in acc.sop_classes))
             raise NotApplicable(
-                f"{tag_name('SOPClassUID')} '{_uid.UID(inst.sop_class_uid).name}' is not accepted by "
+                f"{tag_name('SOPClassUID')} {uid_label(inst.sop_class_uid)} is not accepted by "
                 f"pipeline {self.name!r} (accepts {accepted})"
             )
         if acc.modalities is not None and inst.modality not in acc.modalities:
             raise NotApplicable(
-                f"{tag_name('Modality')} {inst.modality!r} is not accepted by pipeline {self.name!r} "
+                f"{tag_name('Modality')} {defined_term(inst.modality, MODALITIES)} is not accepted by pipeline "
+                f"{self.name!r} "
                 f"(accepts {', '.join(sorted(acc.modalities))})"
             )
         if acc.colour == "reject" and inst.photometric not in ("MONOCHROME1", "MONOCHROME2"):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pydicom
 import pytest
-from dicom_testkit import SECRET, any_grey_pipeline, make_dataset, to_bytes
+from dicom_testkit import SECRET, any_grey_pipeline, ct_pipeline, make_dataset, to_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -228,6 +228,27 @@ def test_repr_and_errors_carry_no_patient_data():
     inst = parse(to_bytes(make_dataset()))
     assert SECRET not in repr(inst) and "ZZSENTINEL" not in repr(inst)
     assert inst.sop_instance_uid in repr(inst)
+
+
+@pytest.mark.parametrize("element", ["PhotometricInterpretation", "Modality", "SOPClassUID"])
+def test_a_coded_element_holding_other_text_is_never_quoted(tmp_path, element):
+    """Modality, Photometric Interpretation and UIDs are quoted in messages only when they are the standard's
+    defined terms or UID syntax: anything else in them could be patient data (docs/dicom.md)."""
+    ds = make_dataset(rows=8, columns=8)
+    with warnings.catch_warnings():  # pydicom warns that the value breaks its VR: that is the point
+        warnings.simplefilter("ignore")
+        setattr(ds, element, "ZZSENTINEL PID-777")
+    if element == "SOPClassUID":
+        del ds.PixelData  # the one message that names the SOP class of a file that parses
+    with pytest.raises((DicomError, NotApplicable)) as info:
+        inst = parse(to_bytes(ds, enforce=False))
+        ct_pipeline(tmp_path).check(inst)
+    assert "ZZSENTINEL" not in str(info.value) and "PID-777" not in str(info.value), str(info.value)
+    assert ("not a defined term" in str(info.value)) or ("not a valid UID" in str(info.value)), str(info.value)
+    ds.Modality = "MR"  # a defined term is still named, so the message stays useful
+    if element == "Modality":
+        with pytest.raises(NotApplicable, match=r"\(0008,0060\) Modality 'MR' is not accepted"):
+            ct_pipeline(tmp_path).check(parse(to_bytes(ds, enforce=False)))
 
 
 def test_decode_is_explicit_per_syntax_and_never_auto():

@@ -226,6 +226,13 @@ def encapsulated_pixels(ds: Dataset, pixels: bytes, pm: PixelModule, ts: str) ->
                          field="dicom.PixelData") from e
     if n_fragments == 0:
         raise DicomError(f"{label} has no fragments", field="dicom.PixelData")
+    data_bytes = len(pixels) - 8 - 4 * len(offsets)  # the fragment items after the Basic Offset Table item
+    _check_offsets(f"the Basic Offset Table of {label}", "dicom.PixelData", list(offsets), None, data_bytes)
+    if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
+        eot, eotl = ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths
+        if len(eot) % 8 == 0 and len(eotl) == len(eot):  # the frame count is checked in decode_options
+            _check_offsets(tag_name("ExtendedOffsetTable"), "dicom.ExtendedOffsetTable",
+                           np.frombuffer(eot, "<u8").tolist(), np.frombuffer(eotl, "<u8").tolist(), data_bytes)
     if offsets and len(offsets) != pm.frames:
         raise DicomError(
             f"{tag_name('NumberOfFrames')} = {pm.frames} but the Basic Offset Table of {label} lists "
@@ -244,6 +251,18 @@ def encapsulated_pixels(ds: Dataset, pixels: bytes, pm: PixelModule, ts: str) ->
             field="dicom.NumberOfFrames",
         )
     return pixels
+
+
+def _check_offsets(table: str, field: str, offsets: list[int], lengths: list[int] | None, data_bytes: int) -> None:
+    """Offsets into the fragment items must start at 0, not decrease, and stay inside them (a lying table)."""
+    if not offsets:
+        return
+    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:], strict=False)):
+        raise DicomError(f"{table} must start at 0 and never decrease", field=field)
+    ends = offsets if lengths is None else [o + n + 8 for o, n in zip(offsets, lengths, strict=True)]
+    if max(ends) > data_bytes or offsets[-1] >= data_bytes:
+        raise DicomError(f"{table} points past the end of the pixel data's {data_bytes} bytes of fragments",
+                         field=field)
 
 
 def decode_options(ds: Dataset, pm: PixelModule, ts: str) -> dict[str, Any]:

@@ -206,7 +206,9 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     logging.getLogger("pydicom").setLevel(logging.CRITICAL)  # its warnings can quote element values
     warnings.simplefilter("ignore")
     sys.setrecursionlimit(2000)  # deeply nested sequences end in RecursionError -> a client error
-    Image.MAX_IMAGE_PIXELS = spec.limits.max_pixels_per_frame
+    # Pillow refuses an image over twice MAX_IMAGE_PIXELS and only warns below that (warnings are ignored here),
+    # so half the limit makes it refuse what the limit refuses: a second SOF the codestream check did not read.
+    Image.MAX_IMAGE_PIXELS = (spec.limits.max_pixels_per_frame + 1) // 2
     if spec.nice > 0:
         os.nice(spec.nice)
     keep_heap(spec.heap_keep_bytes)

@@ -299,6 +299,39 @@ def test_a_frame_padded_after_its_end_marker_is_not_truncated(pad, ok):
             inst.decode_frame(0)
 
 
+def _rle_two_frames() -> tuple[Dataset, list[bytes]]:
+    ds = make_dataset(frames=2, rows=16, columns=16, NumberOfFrames=2)
+    ds.compress(RLELossless, encoding_plugin="pydicom")
+    return ds, list(pydicom.encaps.generate_frames(ds.PixelData, number_of_frames=2))
+
+
+@pytest.mark.parametrize(("table", "needle"), [
+    ("basic", r"the Basic Offset Table of \(7FE0,0010\) Pixel Data points past the end"),
+    ("basic-decreasing", r"the Basic Offset Table of \(7FE0,0010\) Pixel Data must start at 0 and never decrease"),
+    ("extended", r"\(7FE0,0001\) Extended Offset Table points past the end"),
+])
+def test_an_offset_table_pointing_outside_the_fragments_is_refused_naming_it(table, needle):
+    ds, frames = _rle_two_frames()
+    if table == "basic":
+        ds.PixelData = encapsulate(frames, has_bot=True)
+        bot_at = 8  # after the BOT item's tag and length: offsets 0 and len(frame 0) + 8
+        ds.PixelData = ds.PixelData[:bot_at + 4] + struct.pack("<I", 0x7FFFFFF0) + ds.PixelData[bot_at + 8:]
+    elif table == "basic-decreasing":
+        ds.PixelData = encapsulate(frames, has_bot=True)
+        ds.PixelData = ds.PixelData[:8] + struct.pack("<II", 16, 0) + ds.PixelData[16:]
+    else:
+        ds.PixelData = encapsulate(frames, has_bot=False)
+        ds.ExtendedOffsetTable = struct.pack("<QQ", 0, 0xFFFFFFFFFFFF0000)
+        ds.ExtendedOffsetTableLengths = struct.pack("<QQ", len(frames[0]), len(frames[1]))
+    ds["PixelData"].is_undefined_length = True
+    with pytest.raises(DicomError, match=needle):
+        parse(to_bytes(ds))
+    ds, frames = _rle_two_frames()  # the honest tables still parse and decode
+    ds.PixelData, ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths = pydicom.encaps.encapsulate_extended(frames)
+    ds["PixelData"].is_undefined_length = True
+    assert parse(to_bytes(ds)).decode_frame(1).shape == (16, 16)
+
+
 @pytest.mark.parametrize(
     "name",
     [

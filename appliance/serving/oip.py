@@ -40,7 +40,7 @@ from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
 from appliance.serving.server import error_status
 
 if TYPE_CHECKING:
-    from appliance.serving.analyze import Analyzer
+    from appliance.serving.analyze import Analysis, Analyzer
 
 __all__ = ["DICOM_SUFFIX", "SERVICE_NAME", "OipServicer", "add_to_server", "deserialize_bytes", "serialize_bytes"]
 
@@ -311,18 +311,16 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             if request.parameters["pipeline"].WhichOneof("parameter_choice") != "string_param":
                 raise InputError("parameter 'pipeline' must be a string", field="parameters.pipeline")
             pipeline = request.parameters["pipeline"].string_param
-        tasks = [
-            asyncio.ensure_future(
-                self.analyzer.analyze(
-                    data,
-                    request_id=f"{request_id}/{i}",
-                    pipeline=pipeline,
-                    priority=priority,
-                    time_remaining=time_remaining,
-                )
-            )
-            for i, data in enumerate(files)
-        ]
+        async def one(i: int, data: bytes) -> Analysis:
+            try:
+                return await self.analyzer.analyze(data, request_id=f"{request_id}/{i}", pipeline=pipeline,
+                                                   priority=priority, time_remaining=time_remaining)
+            except ApplianceError as e:
+                if len(files) > 1:  # say which element of the batch it was
+                    e.args = (f"dicom[{i}]: {e}", *e.args[1:])
+                raise
+
+        tasks = [asyncio.ensure_future(one(i, data)) for i, data in enumerate(files)]
         try:
             analyses = await asyncio.gather(*tasks)
         finally:

@@ -248,6 +248,14 @@ def test_dicom_view_errors(stub) -> None:
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "past the end" in e.value.details()
 
 
+def test_dicom_view_error_names_the_element_of_a_batch(stub) -> None:
+    good = synthetic.to_dicom(synthetic.generate_slice(22, nodule=False, size=512))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(dicom_request([good, b"not dicom at all"]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("dicom[1]: ") and "DICOM" in e.value.details(), e.value.details()
+
+
 def test_statistics_count_requests(stub) -> None:
     before = {s.name: s for s in stub.ModelStatistics(oip.ModelStatisticsRequest(), timeout=5).model_stats}
     assert set(before) == {"ct-nodule", "ct-nodule-dicom"}

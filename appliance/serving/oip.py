@@ -91,6 +91,13 @@ class _Stats:
     def add(pair: tuple[int, int], seconds: float) -> tuple[int, int]:
         return pair[0] + 1, pair[1] + int(seconds * 1e9)
 
+    def merge(self, done: _Stats) -> None:
+        """Add one successful request's counts and durations (Triton counts successful requests only)."""
+        self.inference_count += done.inference_count
+        for name in ("queue", "compute_input", "compute_infer"):
+            mine, theirs = getattr(self, name), getattr(done, name)
+            setattr(self, name, (mine[0] + theirs[0], mine[1] + theirs[1]))
+
 
 def _duration(pair: tuple[int, int]) -> oip.StatisticDuration:
     return oip.StatisticDuration(count=pair[0], ns=pair[1])
@@ -215,20 +222,22 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         """Run one request on the tensor or the DICOM view."""
         view = await self._view(request.model_name, request.model_version, context)
         stats = self._stats[view]
+        scratch = _Stats()  # this request's counts: merged into the view's only if it succeeds
         t0 = time.perf_counter()
         self._next_id += 1
         request_id = request.id or f"oip-{self._next_id}"
         try:
             priority, time_remaining = self._schedule(request, context)
             if view == self.tensor_view:
-                names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, stats)
+                names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch)
             else:
-                names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, stats)
+                names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch)
             response = self._response(request, view, names, tensors)
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
             status = self._status(e, view)
         else:
+            stats.merge(scratch)
             stats.success = _Stats.add(stats.success, time.perf_counter() - t0)
             stats.execution_count += 1
             stats.last_inference_ms = int(time.time() * 1000)

@@ -267,6 +267,14 @@ def test_statistics_count_requests(stub) -> None:
     assert after.inference_stats.success.count == old.inference_stats.success.count + 1
     assert after.inference_stats.success.ns > old.inference_stats.success.ns
     assert after.last_inference > 0
+    bad = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
+    bad.outputs.add(name="bogus")  # computed, then refused: counted as a failure only
+    with pytest.raises(grpc.RpcError):
+        stub.ModelInfer(bad, timeout=10)
+    failed = stub.ModelStatistics(oip.ModelStatisticsRequest(name="ct-nodule"), timeout=5).model_stats[0]
+    assert failed.inference_stats.fail.count == after.inference_stats.fail.count + 1
+    assert failed.inference_count == after.inference_count
+    assert failed.inference_stats.compute_infer.count == after.inference_stats.compute_infer.count
 
 
 def test_bytes_codec_round_trip() -> None:

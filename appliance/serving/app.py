@@ -28,7 +28,7 @@ from appliance.clock import Clock, RealClock
 from appliance.config import Config
 from appliance.engines import resolve
 from appliance.errors import Unavailable
-from appliance.heap import keep_heap
+from appliance.heap import DAEMON_ARENAS, DAEMON_MAX_BLOCK, keep_heap
 from appliance.manifest import load_manifest
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.postprocess import Postprocessor
@@ -400,7 +400,8 @@ def preprocess_workers(config: Config) -> int:
 
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; drain and return 0."""
-    keep_heap(config.workers.heap_keep_bytes)  # the daemon copies each request's bytes too
+    # The daemon copies each request's bytes too; a few arenas and large blocks mapped keep its memory bounded
+    keep_heap(config.workers.heap_keep_bytes, max_block=DAEMON_MAX_BLOCK, arenas=DAEMON_ARENAS)
     app = App(config, notifier=notifier)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from appliance import heap
-from appliance.heap import MMAP_THRESHOLD_MAX, keep_heap
+from appliance.heap import DAEMON_ARENAS, DAEMON_MAX_BLOCK, MMAP_THRESHOLD_MAX, keep_heap
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import synthetic
@@ -68,6 +68,14 @@ def test_keep_heap_sets_both_thresholds() -> None:
     libc = _FakeLibc()
     assert keep_heap(8 << 20, libc=libc)  # type: ignore[arg-type]
     assert libc.calls == [(-3, 8 << 20), (-1, 8 << 20)]
+
+
+def test_keep_heap_for_the_daemon_maps_large_blocks_and_bounds_the_arenas() -> None:
+    libc = _FakeLibc()
+    assert keep_heap(64 << 20, max_block=DAEMON_MAX_BLOCK, arenas=DAEMON_ARENAS, libc=libc)  # type: ignore[arg-type]
+    # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, M_ARENA_MAX
+    assert libc.calls == [(-3, DAEMON_MAX_BLOCK), (-1, 64 << 20), (-8, DAEMON_ARENAS)]
+    assert DAEMON_MAX_BLOCK < 8 << 20 and 1 <= DAEMON_ARENAS <= 4
 
 
 def test_keep_heap_zero_leaves_malloc_alone_and_refusal_is_reported(caplog: pytest.LogCaptureFixture) -> None:

@@ -179,6 +179,32 @@ def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
             raise StreamError("the J2K SIZ component subsampling is 0")
         precisions.append((ssiz & 0x7F) + 1)
     _check_dims(ysiz - yo, xsiz - xo, csiz, max(precisions, default=0), g)
+    present = _j2k_tiles(frame, pos + lsiz, tiles)
+    if present is not None and present < tiles:
+        raise StreamError(f"the J2K codestream holds {present} of the {tiles} tiles its SIZ declares (the decoder "
+                          "would leave the missing ones blank)")
+
+
+def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> int | None:
+    """Count the distinct tiles with a tile-part, hopping from SOT to SOT by their lengths (no entropy data read).
+
+    Returns None when the marker structure is not what the walk understands: the decoder then judges the stream.
+    """
+    n = len(frame)
+    while pos + 4 <= n and frame[pos] == 0xFF and frame[pos + 1] != 0x90:  # main header marker segments
+        pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
+    seen: set[int] = set()
+    for _ in range(1 << 20):  # at most 255 tile-parts for each of at most _MAX_J2K_TILES tiles: far below this
+        if pos + 12 > n or frame[pos : pos + 2] != b"\xff\x90":
+            return None if pos + 2 > n or frame[pos : pos + 2] != b"\xff\xd9" else len(seen)
+        isot, psot = struct.unpack_from(">HI", frame, pos + 4)
+        if isot >= tiles:
+            raise StreamError(f"a J2K tile-part names tile {isot}, but the SIZ declares {tiles} tiles")
+        seen.add(isot)
+        if psot == 0:  # the last tile-part runs to the end of the codestream
+            return len(seen)
+        pos += psot
+    return None
 
 
 def _check_rle(frame: bytes, g: FrameGeometry) -> None:

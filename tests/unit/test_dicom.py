@@ -299,6 +299,20 @@ def test_a_frame_padded_after_its_end_marker_is_not_truncated(pad, ok):
             inst.decode_frame(0)
 
 
+def test_a_j2k_frame_missing_tiles_its_siz_declares_is_refused():
+    """An SIZ patched to 64 x 64 tiles over a one-tile 512 x 512 stream: openjpeg would leave 63 tiles blank."""
+    from appliance.tools import synthetic
+
+    ds = pydicom.dcmread(io.BytesIO(synthetic.workload("j2k", 1, 0)[0]))
+    frame = bytearray(next(pydicom.encaps.generate_frames(ds.PixelData, number_of_frames=1)))
+    assert parse(to_bytes(ds)).decode_frame(0).shape == (512, 512)  # the honest stream is fine
+    siz = frame.index(b"\xff\x51") + 2
+    frame[siz + 20 : siz + 28] = struct.pack(">II", 64, 64)  # XTsiz, YTsiz
+    ds.PixelData = encapsulate([bytes(frame)])
+    with pytest.raises(DicomError, match="holds 1 of the 64 tiles its SIZ declares"):
+        parse(to_bytes(ds)).decode_frame(0)
+
+
 def _rle_two_frames() -> tuple[Dataset, list[bytes]]:
     ds = make_dataset(frames=2, rows=16, columns=16, NumberOfFrames=2)
     ds.compress(RLELossless, encoding_plugin="pydicom")

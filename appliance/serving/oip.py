@@ -228,6 +228,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         request_id = request.id or f"oip-{self._next_id}"
         try:
             priority, time_remaining = self._schedule(request, context)
+            self._wanted(request, view, self._output_names(view))  # before computing anything
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch)
             else:
@@ -342,7 +343,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             stats.queue = _Stats.add(stats.queue, a.queue_ms / 1e3)
             stats.compute_input = _Stats.add(stats.compute_input, a.preprocess_ms / 1e3)
             stats.compute_infer = _Stats.add(stats.compute_infer, a.engine_ms / 1e3)
-        names = [name for name, _ in model.outputs] + ["label", "score", "file_index", "frame_index"]
+        names = self._output_names(self.dicom_view)
         tensors = [
             np.stack([f.outputs[name] for _, f in frames]).astype(np.float32, copy=False).reshape(len(frames), *shape)
             for name, shape in model.outputs
@@ -388,6 +389,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 f"{len(request.raw_input_contents)} raw_input_contents for 1 input", field="raw_input_contents"
             )
         raw = request.raw_input_contents[0] if request.raw_input_contents else None
+        if raw is not None and request.inputs[0].contents.ListFields():
+            raise InputError(f"input {expected!r} has both raw_input_contents and typed contents; send one",
+                             field=expected)
         return request.inputs[0], raw
 
     @staticmethod
@@ -414,10 +418,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     def _response(
         self, request: oip.ModelInferRequest, view: str, names: list[str], tensors: list[np.ndarray]
     ) -> oip.ModelInferResponse:
-        wanted = [o.name for o in request.outputs] or names
-        unknown = [w for w in wanted if w not in names]
-        if unknown:
-            raise InputError(f"unexpected inference output {unknown[0]!r} for model {view!r}", field="outputs")
+        wanted = self._wanted(request, view, names)
         response = oip.ModelInferResponse(model_name=view, model_version=self.analyzer.model.version, id=request.id)
         by_name = dict(zip(names, tensors, strict=True))
         for name in wanted:
@@ -432,6 +433,22 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             )
             response.raw_output_contents.append(raw)
         return response
+
+    @staticmethod
+    def _wanted(request: oip.ModelInferRequest, view: str, names: list[str]) -> list[str]:
+        """The requested outputs (all when none are named); unknown or repeated names are refused."""
+        wanted = [o.name for o in request.outputs] or names
+        unknown = [w for w in wanted if w not in names]
+        if unknown:
+            raise InputError(f"unexpected inference output {unknown[0]!r} for model {view!r}", field="outputs")
+        if len(set(wanted)) != len(wanted):
+            twice = sorted({w for w in wanted if wanted.count(w) > 1})
+            raise InputError(f"inference output {twice[0]!r} is requested more than once", field="outputs")
+        return wanted
+
+    def _output_names(self, view: str) -> list[str]:
+        names = [name for name, _ in self.analyzer.model.outputs]
+        return names if view == self.tensor_view else [*names, "label", "score", "file_index", "frame_index"]
 
     @staticmethod
     def _status(error: Exception, view: str) -> status_pb2.Status:

@@ -256,6 +256,25 @@ def test_dicom_view_error_names_the_element_of_a_batch(stub) -> None:
     assert e.value.details().startswith("dicom[1]: ") and "DICOM" in e.value.details(), e.value.details()
 
 
+@pytest.mark.parametrize("case", ["unknown-output", "repeated-output", "raw-and-typed"])
+def test_malformed_requests_are_refused_before_anything_is_computed(stub, served, case: str) -> None:
+    request = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
+    if case == "unknown-output":
+        request.outputs.add(name="bogus")
+        needle = "unexpected inference output 'bogus'"
+    elif case == "repeated-output":
+        request.outputs.add(name="prob")
+        request.outputs.add(name="prob")
+        needle = "'prob' is requested more than once"
+    else:
+        request.inputs[0].contents.fp32_contents.extend([0.0] * 65536)
+        needle = "both raw_input_contents and typed contents"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), e.value.details()
+    assert served.analyzer.calls == []
+
+
 def test_statistics_count_requests(stub) -> None:
     before = {s.name: s for s in stub.ModelStatistics(oip.ModelStatisticsRequest(), timeout=5).model_stats}
     assert set(before) == {"ct-nodule", "ct-nodule-dicom"}
@@ -268,7 +287,7 @@ def test_statistics_count_requests(stub) -> None:
     assert after.inference_stats.success.ns > old.inference_stats.success.ns
     assert after.last_inference > 0
     bad = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
-    bad.outputs.add(name="bogus")  # computed, then refused: counted as a failure only
+    bad.outputs.add(name="bogus")  # refused: counted as a failure only
     with pytest.raises(grpc.RpcError):
         stub.ModelInfer(bad, timeout=10)
     failed = stub.ModelStatistics(oip.ModelStatisticsRequest(name="ct-nodule"), timeout=5).model_stats[0]

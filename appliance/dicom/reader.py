@@ -147,6 +147,9 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
         raise LimitExceeded("sequences are nested too deeply to parse", field="dicom") from None
     except (KeyboardInterrupt, SystemExit):
         raise
+    except (OSError, EOFError) as e:  # pydicom ran out of bytes; its text names a file position, no value
+        raise DicomError("cannot parse the DICOM dataset: it ends inside an element, item or sequence (truncated, "
+                         f"or a sequence delimiter missing): {first_line(e)}") from e
     except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
     return ds

@@ -299,6 +299,14 @@ def test_a_frame_padded_after_its_end_marker_is_not_truncated(pad, ok):
             inst.decode_frame(0)
 
 
+def test_a_sequence_without_its_delimiter_is_named_as_such():
+    data = to_bytes(make_dataset())
+    data += struct.pack("<HH2sHI", 0x0009, 0x1001, b"SQ", 0, 0xFFFFFFFF)  # a private SQ of undefined length
+    data += struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF)  # an item, and then the file ends
+    with pytest.raises(DicomError, match=r"ends inside an element, item or sequence .*delimiter missing"):
+        parse(data)
+
+
 def test_a_j2k_frame_missing_tiles_its_siz_declares_is_refused():
     """An SIZ patched to 64 x 64 tiles over a one-tile 512 x 512 stream: openjpeg would leave 63 tiles blank."""
     from appliance.tools import synthetic

@@ -228,12 +228,12 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         request_id = request.id or f"oip-{self._next_id}"
         try:
             priority, time_remaining = self._schedule(request, context)
-            self._wanted(request, view, self._output_names(view))  # before computing anything
+            wanted = self._wanted(request, view, self._output_names(view))  # before computing anything
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch)
             else:
                 names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch)
-            response = self._response(request, view, names, tensors)
+            response = self._response(request, view, wanted, names, tensors)
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
             status = self._status(e, view)
@@ -295,7 +295,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         )
         stats.compute_infer = _Stats.add(stats.compute_infer, time.perf_counter() - t_in)
         stats.inference_count += n
-        names = [name for name, _ in model.outputs]
+        names = self._output_names(self.tensor_view)
         return names, [np.stack([row[name] for row in rows]).astype(np.float32, copy=False) for name in names]
 
     async def _infer_dicom(
@@ -416,9 +416,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         return priority, remaining
 
     def _response(
-        self, request: oip.ModelInferRequest, view: str, names: list[str], tensors: list[np.ndarray]
+        self, request: oip.ModelInferRequest, view: str, wanted: list[str], names: list[str],
+        tensors: list[np.ndarray],
     ) -> oip.ModelInferResponse:
-        wanted = self._wanted(request, view, names)
         response = oip.ModelInferResponse(model_name=view, model_version=self.analyzer.model.version, id=request.id)
         by_name = dict(zip(names, tensors, strict=True))
         for name in wanted:

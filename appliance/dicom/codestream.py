@@ -195,8 +195,8 @@ def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> int | None:
         pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
     seen: set[int] = set()
     for _ in range(1 << 20):  # at most 255 tile-parts for each of at most _MAX_J2K_TILES tiles: far below this
-        if pos + 12 > n or frame[pos : pos + 2] != b"\xff\x90":
-            return None if pos + 2 > n or frame[pos : pos + 2] != b"\xff\xd9" else len(seen)
+        if pos + 12 > n or frame[pos : pos + 2] != b"\xff\x90":  # the walk ends at EOC, or gives up
+            return len(seen) if frame[pos : pos + 2] == b"\xff\xd9" else None
         isot, psot = struct.unpack_from(">HI", frame, pos + 4)
         if isot >= tiles:
             raise StreamError(f"a J2K tile-part names tile {isot}, but the SIZ declares {tiles} tiles")

@@ -259,8 +259,10 @@ def _check_offsets(table: str, field: str, offsets: list[int], lengths: list[int
         return
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:], strict=False)):
         raise DicomError(f"{table} must start at 0 and never decrease", field=field)
-    ends = offsets if lengths is None else [o + n + 8 for o, n in zip(offsets, lengths, strict=True)]
-    if max(ends) > data_bytes or offsets[-1] >= data_bytes:
+    # a Basic Offset Table's offsets must fall inside the fragments; an extended one's items (8-byte header and
+    # the frame's length) must end inside them
+    ends = [o + 1 for o in offsets] if lengths is None else [o + 8 + n for o, n in zip(offsets, lengths, strict=True)]
+    if max(ends) > data_bytes:
         raise DicomError(f"{table} points past the end of the pixel data's {data_bytes} bytes of fragments",
                          field=field)
 

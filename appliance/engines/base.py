@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import abc
+import os
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -28,9 +29,15 @@ from appliance.manifest import Artifact, Manifest
 
 __all__ = [
     "DeviceId", "Engine", "EngineOptions", "EngineOptionsSchema", "OptimizationLevel", "Precision", "WorkspaceBytes",
+    "usable_cores",
 ]
 
 EngineOptions = dict[str, Any]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class EngineOptionsSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -32,7 +32,15 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from msgspec import Meta
 
-from appliance.engines.base import DeviceId, Engine, EngineOptionsSchema, OptimizationLevel, Precision, WorkspaceBytes
+from appliance.engines.base import (
+    DeviceId,
+    Engine,
+    EngineOptionsSchema,
+    OptimizationLevel,
+    Precision,
+    WorkspaceBytes,
+    usable_cores,
+)
 from appliance.errors import BackendUnavailable, EngineDeadError, EngineError
 
 __all__ = [
@@ -157,10 +165,6 @@ def probe_provider(provider: str) -> str | None:
 _BURST_NICE = 10  # the burst pool's threads: below the preprocessing workers' default niceness of 5
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _native_threads() -> set[int]:
     """Ids of this process's threads that Python did not start (Linux; empty elsewhere).
 
@@ -259,7 +263,7 @@ class _OrtEngine(Engine):
             raise BackendUnavailable(
                 f"{self.artifact.path}: graph input shape {shape} != manifest {expected} (the batch must be fixed)"
             )
-        burst = int(self.options.get("burst_threads", 1)) or _cores()  # 0 = every core this process may use
+        burst = int(self.options.get("burst_threads", 1)) or usable_cores()  # 0 = every core this process may use
         if self.BURSTS and burst > int(self.options.get("intra_op_threads", 1)):
             before = _native_threads()
             self._wide = ort.InferenceSession(str(self.artifact.path), sess_options=self._session_options(burst),

@@ -27,6 +27,7 @@ from appliance.batching.batcher import Batcher, Pacer
 from appliance.clock import Clock, RealClock
 from appliance.config import Config
 from appliance.engines import resolve
+from appliance.engines.base import usable_cores
 from appliance.errors import Unavailable
 from appliance.heap import DAEMON_ARENAS, DAEMON_MAX_BLOCK, keep_heap
 from appliance.manifest import load_manifest
@@ -394,8 +395,7 @@ def preprocess_workers(config: Config) -> int:
     """Worker processes: ``batcher.preprocess_workers``, or (0 = auto) the cores the engine leaves, at least 2."""
     if config.batcher.preprocess_workers:
         return config.batcher.preprocess_workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(2, cores - config.engine.intra_op_threads)
+    return max(2, usable_cores() - config.engine.intra_op_threads)
 
 
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:

@@ -137,8 +137,9 @@ class EngineConfig(Schema, frozen=True):
     backend: str = "auto"  # "auto", "tensorrt", "onnxruntime-tensorrt", "onnxruntime-cuda", "onnxruntime-cpu", "fake"
     intra_op_threads: Annotated[int, _range(1, 256)] = 1  # cores for the engine; the rest decode DICOM
     allow_spinning: bool = True  # ORT intra-op spinning
-    # Intra-op threads for a batch launched while no DICOM is being preprocessed and no frame is expected during
-    # it (the engine then has the idle cores to itself: one batch of 8 on this model, 42 -> 32 ms on 2 cores);
+    # Intra-op threads for a batch launched while no DICOM is being preprocessed and either no frame is expected
+    # during it or a whole further batch already waits for the engine (the engine then has the idle cores to
+    # itself: one batch of 8 on this model, 42 -> 32 ms on 2 cores);
     # 0 = the cores this process may use, 1 = never (docs/performance.md, "Burst threads"). CPU backend only;
     # outputs are bit-identical.
     burst_threads: Annotated[int, _range(0, 256)] = 0

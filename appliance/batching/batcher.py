@@ -197,13 +197,15 @@ class Batcher(Inbox):
                 self._release(item)
             self._cond.notify_all()
             rate = self._arrival_rate(self.clock.monotonic())
+            backlog = len(self._ready) + self._coming()
         self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:  # submit copies the batch out: the buffer is free again afterwards
             self.engine.set_burst(may_burst(sequential=self.stage_lock is not None,
                                             preprocessing_idle=self.preprocessing_idle(),
-                                            arrival_rate=rate, batch_s=self.batch_s_estimate))
+                                            arrival_rate=rate, batch_s=self.batch_s_estimate,
+                                            backlog=backlog, batch_size=self.batch_size))
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
             self._in_flight.append((ticket, items, t0))

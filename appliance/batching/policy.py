@@ -116,17 +116,21 @@ def choose(
     return Decision(None, min(max_wait - waited, 0.1) if coming > 0 else max_wait - waited)
 
 
-def may_burst(*, sequential: bool, preprocessing_idle: bool, arrival_rate: float, batch_s: float) -> bool:
+def may_burst(*, sequential: bool, preprocessing_idle: bool, arrival_rate: float, batch_s: float,
+              backlog: int = 0, batch_size: int = 1) -> bool:
     """Whether the next batch may run on the engine's burst threads (all cores) instead of its own.
 
-    NOTE (burst rule): only when no core will be wanted for preprocessing while the batch runs. In sequential
-    mode nothing decodes during a batch. Otherwise no worker may be parsing or decoding now, and fewer than
-    :data:`BURST_ARRIVALS` frames may be expected during the batch (``arrival_rate * batch_s``): a frame that
-    arrives mid-batch makes a worker preempt a burst thread, and the batch then waits for the chunk that thread
-    held, which costs more than the burst saved (Poisson p99 on ``native`` 202/146 ms bursting against
-    150/132 without, docs/performance.md "Burst threads"). A lone closed-loop client always qualifies: its next
-    frame comes after this batch answers, and ``batch_s / latency`` < 1.
+    NOTE (burst rule): only when no core will be wanted for preprocessing now. In sequential mode nothing
+    decodes during a batch. Otherwise no worker may be parsing or decoding now, and either fewer than
+    :data:`BURST_ARRIVALS` frames may be expected during the batch (``arrival_rate * batch_s``), or the engine is
+    the bottleneck: a whole further batch (``backlog``: frames ready or on their way beyond this one) waits for
+    it. A frame that arrives mid-batch makes a worker preempt a burst thread, and the batch then waits for the
+    chunk that thread held; at moderate load that costs more than the burst saves (Poisson p99 on ``native``
+    202/146 ms bursting against 150/132 without), but when the next batch is already full the engine's time is
+    what every request waits for, and the idle core is worth more (docs/performance.md "Burst threads"). A lone
+    closed-loop client always qualifies: its next frame comes after this batch answers, and
+    ``batch_s / latency`` < 1.
     """
     if sequential:
         return True
-    return preprocessing_idle and arrival_rate * batch_s < BURST_ARRIVALS
+    return preprocessing_idle and (arrival_rate * batch_s < BURST_ARRIVALS or backlog >= batch_size)

@@ -140,8 +140,8 @@ class Engine(abc.ABC):
         """Run the next batches with the burst thread pool (True) or the normal one (default: ignored).
 
         The batcher calls it before each batch with :func:`appliance.batching.policy.may_burst` (preprocessing
-        idle and no frame expected during the batch); only a CPU backend with ``burst_threads`` above its intra-op
-        threads acts on it.
+        idle, and no frame expected during the batch or a further full batch waiting); only a CPU backend with
+        ``burst_threads`` above its intra-op threads acts on it.
         """
 
     def warmup(self, runs: int = 2) -> None:

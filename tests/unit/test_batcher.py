@@ -341,6 +341,21 @@ def test_batches_use_the_burst_threads_only_while_preprocessing_is_idle(fake_man
     assert not any(steady) if overlap else all(steady)
 
 
+@pytest.mark.parametrize("idle", [True, False])
+def test_an_engine_bound_backlog_bursts_even_while_frames_keep_arriving(fake_manifest, idle):
+    """When a whole further batch is already waiting, the engine is the bottleneck: a batch launched while no
+    worker decodes takes the burst threads although frames arrive faster than one per batch."""
+    h = Harness(fake_manifest)
+    h.batcher.preprocessing_idle = lambda: idle
+    h.engine.latency_s = 0.1
+    h.batcher.batch_s_estimate = 0.1
+    reqs = [h.submit([0.5]) for _ in range(16)]  # 16 frames/s x 0.1 s = 1.6 expected during each batch
+    h.settle()
+    assert all(r.error is None for r in reqs)
+    # backlog after each launch (B = 4): 12, 8, 4 -> burst; 0 -> the arrival rate decides, and it is too high
+    assert h.engine.bursts == ([True, True, True, False] if idle else [False] * 4)
+
+
 def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest):
     """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
     batch k's result is collected; rows still come back to their own frames."""

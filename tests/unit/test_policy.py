@@ -94,11 +94,15 @@ def test_never_more_than_b_and_never_an_empty_launch() -> None:
             assert d.wait_s > 0
 
 
-@pytest.mark.parametrize(("sequential", "idle", "rate", "expected"), [
-    (False, True, 10.0, True),  # a lone client: 10 frames/s x 40 ms = 0.4 expected during the batch
-    (False, True, 30.0, False),  # Poisson at 30/s: 1.2 frames expected mid-batch, a worker would preempt it
-    (False, False, 0.0, False),  # a worker is decoding now
-    (True, False, 100.0, True),  # sequential: nothing decodes while the engine runs
+@pytest.mark.parametrize(("sequential", "idle", "rate", "backlog", "expected"), [
+    (False, True, 10.0, 0, True),  # a lone client: 10 frames/s x 40 ms = 0.4 expected during the batch
+    (False, True, 30.0, 0, False),  # Poisson at 30/s: 1.2 frames expected mid-batch, a worker would preempt it
+    (False, True, 30.0, 7, False),  # ... and the next batch is not full yet: the engine is not the bottleneck
+    (False, True, 200.0, 8, True),  # a full batch already waits for this one: the engine is the bottleneck
+    (False, False, 200.0, 16, False),  # a worker is decoding now
+    (False, False, 0.0, 0, False),
+    (True, False, 100.0, 0, True),  # sequential: nothing decodes while the engine runs
 ])
-def test_burst_only_when_no_core_will_be_wanted_for_preprocessing(sequential, idle, rate, expected) -> None:
-    assert may_burst(sequential=sequential, preprocessing_idle=idle, arrival_rate=rate, batch_s=0.04) is expected
+def test_burst_only_when_no_core_will_be_wanted_for_preprocessing(sequential, idle, rate, backlog, expected) -> None:
+    assert may_burst(sequential=sequential, preprocessing_idle=idle, arrival_rate=rate, batch_s=0.04,
+                     backlog=backlog, batch_size=8) is expected

@@ -53,6 +53,7 @@ class FakeCall:
     time_remaining: float | None
     pipeline: str = ""
     rows: int = 0
+    source: str = ""  # analyze: the sender the front end named (its gRPC peer)
 
 
 @dataclass(order=True)
@@ -154,10 +155,12 @@ class FakeAnalyzer:
         pipeline: str = "",
         priority: Priority = Priority.BATCH,
         time_remaining: float | None = None,
+        source: str = "",
     ) -> Analysis:
-        """Decode one Part-10 file, run its frames, and label each."""
+        """Decode one Part-10 file, run its frames, and label each (``source`` is recorded, not scheduled on)."""
         t0 = time.perf_counter()
-        self.calls.append(FakeCall("analyze", request_id, priority, time_remaining, pipeline=pipeline))
+        self.calls.append(FakeCall("analyze", request_id, priority, time_remaining, pipeline=pipeline,
+                                   source=source))
         self._check_call(time_remaining)
         loop = asyncio.get_running_loop()
         uid, frames = await loop.run_in_executor(self._decode_thread, self._decode, dicom)

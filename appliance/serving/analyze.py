@@ -95,8 +95,9 @@ class Analyzer(Protocol):
         ...
 
     async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
-                      priority: Priority = Priority.BATCH, time_remaining: float | None = None) -> Analysis:
-        """Analyze one DICOM Part 10 file."""
+                      priority: Priority = Priority.BATCH, time_remaining: float | None = None,
+                      source: str = "") -> Analysis:
+        """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns."""
         ...
 
     async def infer(self, inputs: np.ndarray, *, request_id: str = "", priority: Priority = Priority.BATCH,
@@ -217,12 +218,17 @@ class RequestPath:
         time_remaining: float | None = None,
         admit_frames: Callable[[int], Awaitable[None]] | None = None,
         wait_for_budget: bool = False,
+        source: str = "",
     ) -> Analysis:
-        """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved."""
+        """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved.
+
+        ``source`` names the sender (the gRPC peer): queued files from different senders take turns for the
+        preprocessing workers (appliance.workers.jobqueue), so one sender's flood cannot hold back another's file.
+        """
         t0 = self.clock.monotonic()
         with self._counted(t0):
             return await self._analyze(dicom, t0, request_id, pipeline, priority, time_remaining, admit_frames,
-                                       wait_for_budget)
+                                       wait_for_budget, source)
 
     async def _analyze(
         self,
@@ -234,6 +240,7 @@ class RequestPath:
         time_remaining: float | None,
         admit_frames: Callable[[int], Awaitable[None]] | None,
         wait_for_budget: bool,
+        source: str,
     ) -> Analysis:
         self._check_admitting()
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
@@ -255,7 +262,7 @@ class RequestPath:
             def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
                 return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames)
 
-            job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e))
+            job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
             await self._queue_room(deadline, wait=wait_for_budget)
             self.pool.submit(job)
             await self._wait(done, request, job)

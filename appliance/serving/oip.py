@@ -232,7 +232,8 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch)
             else:
-                names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch)
+                names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch,
+                                                         context.peer())
             response = self._response(request, view, wanted, names, tensors)
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
@@ -305,6 +306,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         priority: Priority,
         time_remaining: float | None,
         stats: _Stats,
+        source: str,
     ) -> tuple[list[str], list[np.ndarray]]:
         tensor, raw = self._single_input(request, "dicom")
         if tensor.datatype != "BYTES":
@@ -324,7 +326,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         async def one(i: int, data: bytes) -> Analysis:
             try:
                 return await self.analyzer.analyze(data, request_id=f"{request_id}/{i}", pipeline=pipeline,
-                                                   priority=priority, time_remaining=time_remaining)
+                                                   priority=priority, time_remaining=time_remaining, source=source)
             except ApplianceError as e:
                 if len(files) > 1:  # say which element of the batch it was
                     e.args = (f"dicom[{i}]: {e}", *e.args[1:])

@@ -167,6 +167,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 pipeline=request.pipeline,
                 priority=self._priority(request),
                 time_remaining=context.time_remaining(),
+                source=context.peer(),
             )
         except asyncio.CancelledError:
             self._finish(grpc.StatusCode.CANCELLED, t0, request.request_id)
@@ -212,6 +213,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 analysis = await self.path.analyze(
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
                     time_remaining=context.time_remaining(), admit_frames=admit, wait_for_budget=True,
+                    source=context.peer(),
                 )
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)

@@ -6,13 +6,13 @@ frame i into slot s" -> frame info. The supervisor thread drives that conversati
 step. A worker that dies (segfault, abort, OOM kill), runs past its budget, or stops answering is killed and
 replaced; the item it held gets a clear error and nothing else is affected. Restarts are counted.
 
-NOTE (ordering): queued jobs are taken INTERACTIVE first, oldest first within a class. A job whose request was
-cancelled or whose deadline passed is answered without being started.
+NOTE (ordering): queued jobs are taken INTERACTIVE first; within a class the senders take turns, oldest first
+within a sender (:mod:`appliance.workers.jobqueue`). A job whose request was cancelled or whose deadline passed is
+answered without being started.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -29,6 +29,7 @@ from appliance.clock import Clock, RealClock
 from appliance.config import WorkersConfig
 from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
 from appliance.workers.child import WorkerSpec, decode_error, worker_main
+from appliance.workers.jobqueue import JobQueue
 
 __all__ = ["Job", "PoolStats", "WorkerPool"]
 
@@ -62,8 +63,14 @@ class Job:
     admit: Callable[[int, str], list[WorkItem]]
     # Called once if the job fails before admission (parse error, crash, cancelled, expired, stopping).
     fail: Callable[[ApplianceError], None]
+    source: str = ""  # who sent it (the gRPC peer): senders take turns for the workers
     id: int = field(default_factory=itertools.count(1).__next__)
     cancelled: bool = False
+
+    @property
+    def priority(self) -> Priority:
+        """Its request's scheduling class."""
+        return self.request.priority
 
 
 class _WorkerLost(Exception):
@@ -95,7 +102,7 @@ class WorkerPool:
         self.on_restart = on_restart or (lambda reason: None)
         self.stage_lock = stage_lock
         self._cond = threading.Condition()
-        self._queues: dict[Priority, collections.deque[Job]] = {p: collections.deque() for p in Priority}
+        self._queue: JobQueue[Job] = JobQueue()
         self._threads: list[threading.Thread] = []
         self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._busy: set[Job] = set()
@@ -130,20 +137,18 @@ class WorkerPool:
         with self._cond:
             if self._stopping:
                 raise Unavailable("service is draining", reason="DRAINING")
-            self._queues[job.request.priority].append(job)
+            self._queue.push(job)
             self._cond.notify()
 
     def cancel(self, job: Job) -> None:
         """Drop a job: a queued one is never started; a running one stops after its current step."""
         with self._cond:
             job.cancelled = True
-            queue = self._queues[job.request.priority]
-            if job in queue:
-                queue.remove(job)
+            self._queue.remove(job)
 
     def unadmitted(self) -> int:
         """Jobs queued or being parsed (approximate, lock-free: the launch policy reads it often)."""
-        return sum(len(q) for q in self._queues.values()) + sum(1 for j in list(self._busy) if not j.request.items)
+        return len(self._queue) + sum(1 for j in list(self._busy) if not j.request.items)
 
     def idle(self) -> bool:
         """True when no worker is parsing or decoding and no job waits for one.
@@ -151,14 +156,14 @@ class WorkerPool:
         Lock-free: the engine thread asks before every batch. A job's bookkeeping after its last frame (the
         ``drop`` message) does not count as work.
         """
-        return not any(self._stepping) and not any(self._queues.values())
+        return not any(self._stepping) and not len(self._queue)
 
     def statistics(self) -> PoolStats:
         """Return a snapshot."""
         with self._cond:
             return PoolStats(
                 workers=sum(1 for p in self._procs.values() if p.is_alive()),
-                queued=sum(len(q) for q in self._queues.values()),
+                queued=len(self._queue),
                 busy=len(self._busy),
                 restarts=self.restarts,
                 last_progress=self.last_progress,
@@ -167,9 +172,7 @@ class WorkerPool:
     def fail_queued(self, error: ApplianceError) -> int:
         """Answer every queued (not started) job with ``error``; return how many."""
         with self._cond:
-            jobs = [j for q in self._queues.values() for j in q]
-            for q in self._queues.values():
-                q.clear()
+            jobs = self._queue.drain()
         for job in jobs:
             job.fail(error)
         return len(jobs)
@@ -195,12 +198,10 @@ class WorkerPool:
             while True:
                 if self._stopping:
                     return None
-                for queue in self._queues.values():
-                    while queue:
-                        job = queue.popleft()
-                        if self._runnable(job):
-                            self._busy.add(job)
-                            return job
+                while (job := self._queue.pop()) is not None:
+                    if self._runnable(job):
+                        self._busy.add(job)
+                        return job
                 self.last_progress = self.clock.monotonic()  # idle counts as progress
                 self._cond.wait(timeout=0.5)
 

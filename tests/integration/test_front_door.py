@@ -99,6 +99,33 @@ def test_slow_bomb_does_not_stall_valid_requests(server) -> None:
         assert bombs[0].result()[0] in spin.expect
 
 
+def test_a_flood_from_one_client_does_not_hold_back_another(server) -> None:
+    """Senders take turns for the workers (docs/robustness.md): six slow bombs queued by one client, then one
+    valid file from another client; the valid file gets the first worker that frees, not the seventh."""
+    app, _ = server
+    spin = fault_case("spin")  # holds its worker for the whole 2 s step budget, then the worker is replaced
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+    with grpc.insecure_channel(app.target, options=own) as flooder, \
+            grpc.insecure_channel(app.target, options=own) as other, \
+            concurrent.futures.ThreadPoolExecutor(8) as pool:
+
+        def timed(channel: grpc.Channel, data: bytes) -> tuple[float, tuple[str, str]]:
+            result = _analyze(channel, data, "", 30.0)
+            return time.monotonic(), result
+
+        bombs = [pool.submit(timed, flooder, spin.data) for _ in range(6)]
+        deadline = time.monotonic() + 10
+        while app.app.pool.statistics().queued < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)  # two bombs on the workers, four waiting for one
+        assert app.app.pool.statistics().queued >= 4
+        valid_done, valid = timed(other, VALID)
+        finished = sorted(b.result()[0] for b in bombs)
+    assert valid == ("OK", "")
+    assert all(b.result()[1][0] in spin.expect for b in bombs)
+    # in one queue it would have waited for all six bombs to start; taking turns, for the first two only
+    assert valid_done < finished[2], (valid_done, finished)
+
+
 def test_healthy_after_everything(server) -> None:
     app, channel = server
     r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="appliance.v1.Inference"))

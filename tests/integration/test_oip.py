@@ -233,6 +233,7 @@ def test_dicom_view_analyzes_each_file(stub, served) -> None:
     calls = served.analyzer.calls
     assert [c.method for c in calls] == ["analyze", "analyze"]
     assert sorted(c.request_id for c in calls) == ["d-1/0", "d-1/1"]
+    assert {c.source for c in calls} == {calls[0].source} and calls[0].source.startswith(("ipv4:", "ipv6:"))
     uids = {pydicom.dcmread(io.BytesIO(f)).SOPInstanceUID for f in files}
     assert all(uid not in response.SerializeToString().decode(errors="replace") for uid in uids)
 

@@ -67,3 +67,19 @@ def test_idle_means_no_job_waits_and_no_worker_parses_or_decodes() -> None:
     assert not pool.idle()
     pool._stepping[0] = False  # the reply came back; the job's drop message is not work
     assert pool.idle()
+
+
+def test_a_flooding_sender_waits_its_turn_behind_a_later_sender() -> None:
+    pool = _pool(ManualClock())
+    for i in range(6):
+        job = _job(f"flood{i}", Priority.BATCH)
+        job.source = "ipv4:10.0.0.9:51000"
+        pool.submit(job)
+    lone = _job("lone", Priority.BATCH)
+    lone.source = "ipv4:10.0.0.7:42000"
+    pool.submit(lone)
+    assert pool.unadmitted() == 7 and pool.statistics().queued == 7
+    order = [pool._next_job().request.request_id for _ in range(3)]
+    assert order == ["flood0", "lone", "flood1"]
+    pool.cancel(lone)  # already taken: nothing queued changes
+    assert pool.statistics().queued == 4

@@ -1,0 +1,76 @@
+"""The worker queue's order: INTERACTIVE first; within a class the senders take turns, oldest first per sender."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from appliance.batching.work import Priority
+from appliance.workers.jobqueue import JobQueue
+
+
+@dataclass(eq=False)
+class J:
+    name: str
+    source: str
+    priority: Priority = Priority.BATCH
+
+
+def _order(q: JobQueue[J]) -> list[str]:
+    return [j.name for j in q.drain()]
+
+
+def test_a_flood_from_one_sender_lets_the_other_senders_through_in_turn() -> None:
+    q: JobQueue[J] = JobQueue()
+    for i in range(5):
+        q.push(J(f"a{i}", "ipv4:10.0.0.1:40000"))
+    q.push(J("b0", "ipv4:10.0.0.2:40000"))
+    q.push(J("b1", "ipv4:10.0.0.2:40000"))
+    q.push(J("c0", "unix:"))
+    assert len(q) == 8
+    assert _order(q) == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+    assert len(q) == 0 and q.pop() is None
+
+
+def test_interactive_first_and_one_sender_is_plain_fifo() -> None:
+    q: JobQueue[J] = JobQueue()
+    for name, prio in (("b1", Priority.BATCH), ("i1", Priority.INTERACTIVE), ("b2", Priority.BATCH),
+                       ("i2", Priority.INTERACTIVE)):
+        q.push(J(name, "", prio))
+    assert _order(q) == ["i1", "i2", "b1", "b2"]
+
+
+def test_remove_takes_a_queued_job_out_and_forgets_an_empty_sender() -> None:
+    q: JobQueue[J] = JobQueue()
+    a, b, c = J("a", "x"), J("b", "y"), J("c", "x")
+    for j in (a, b, c):
+        q.push(j)
+    assert q.remove(b) and not q.remove(b)
+    assert q.remove(a)
+    assert len(q) == 1
+    q.push(J("d", "y"))
+    assert _order(q) == ["c", "d"]
+    assert not q.remove(c)  # already taken
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(list(Priority))), max_size=40))
+def test_every_job_comes_out_once_priority_first_and_in_order_per_sender(jobs) -> None:
+    q: JobQueue[J] = JobQueue()
+    pushed = [J(f"{s}{i}", s, p) for i, (s, p) in enumerate(jobs)]
+    for j in pushed:
+        q.push(j)
+    out = q.drain()
+    assert sorted(j.name for j in out) == sorted(j.name for j in pushed)
+    assert [j.priority for j in out] == sorted(j.priority for j in out)
+    for sender in "abc":
+        for p in Priority:
+            mine = [j for j in pushed if j.source == sender and j.priority == p]
+            assert [j for j in out if j.source == sender and j.priority == p] == mine
+    # within a class, no sender gets a second turn while another sender still waits for its first
+    for p in Priority:
+        seq = [j.source for j in out if j.priority == p]
+        waiting = {s: seq.count(s) for s in set(seq)}
+        turns = min(waiting.values(), default=0)
+        assert all(len(set(seq[k * len(waiting):(k + 1) * len(waiting)])) == len(waiting) for k in range(turns))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,9 +34,11 @@ from appliance.errors import (
     UnknownPipeline,
 )
 from appliance.pipeline.postprocess import Postprocessor
+from appliance.serving.admission import ByteBudget, Senders
 from appliance.workers.pool import Job, WorkerPool
 
 __all__ = ["Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits", "RequestPath"]
+
 
 
 @dataclass(frozen=True)
@@ -118,35 +120,6 @@ class PathLimits:
     max_unadmitted: int = 64
 
 
-class _ByteBudget:
-    """Bytes of request payload in flight. Taken before a payload goes to a worker, returned on reply."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._cond = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def hold(self, n: int, *, wait: bool) -> AsyncIterator[None]:
-        async with self._cond:
-            if wait:
-                await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
-            elif self.used and self.used + n > self.limit:
-                raise Overloaded(
-                    f"{self.used} bytes of requests in flight; this one ({n} bytes) would pass the budget "
-                    f"server.inflight_bytes = {self.limit}",
-                    retry_after_s=0.2,
-                    reason="INFLIGHT_BYTES",
-                )
-            self.used += n
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self.used -= n
-                self._cond.notify_all()
-
-
 class RequestPath:
     """The :class:`Analyzer` of a running daemon: composes the worker pool, the batcher and postprocessing."""
 
@@ -176,7 +149,8 @@ class RequestPath:
         self._check_admitting = check_admitting
         self._validate_request_id = validate_request_id
         self._on_finished = on_finished  # (final gRPC code name, total seconds if OK): metrics, any protocol
-        self._budget = _ByteBudget(limits.inflight_bytes)
+        self._budget = ByteBudget(limits.inflight_bytes)
+        self._senders = Senders()  # requests in flight per sender: who gets the whole of a shared bound
         self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
         self.live = True
 
@@ -254,7 +228,25 @@ class RequestPath:
                 reason="MESSAGE_TOO_LARGE",
             )
         deadline = t0 + (time_remaining if time_remaining is not None else self.limits.default_deadline_s)
-        async with self._budget.hold(len(dicom), wait=wait_for_budget):
+        share = self._senders.share(source)  # 1.0, or SENDER_SHARE for a sender already in flight
+        with self._senders.count(source):
+            return await self._analyze_admitted(dicom, t0, rid, name, priority, deadline, admit_frames,
+                                                wait_for_budget, source, share)
+
+    async def _analyze_admitted(
+        self,
+        dicom: bytes,
+        t0: float,
+        rid: str,
+        name: str,
+        priority: Priority,
+        deadline: float,
+        admit_frames: Callable[[int], Awaitable[None]] | None,
+        wait_for_budget: bool,
+        source: str,
+        share: float,
+    ) -> Analysis:
+        async with self._budget.hold(len(dicom), wait=wait_for_budget, share=share):
             loop = asyncio.get_running_loop()
             done = _new_future(loop)
             request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
@@ -263,7 +255,7 @@ class RequestPath:
                 return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames)
 
             job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
-            await self._queue_room(deadline, wait=wait_for_budget)
+            await self._queue_room(deadline, wait=wait_for_budget, share=share)
             self.pool.submit(job)
             await self._wait(done, request, job)
         return self._analysis(request, t0)
@@ -303,15 +295,17 @@ class RequestPath:
         await self._wait(done, request, None)
         return [dict(item.outputs or {}) for item in request.items]
 
-    async def _queue_room(self, deadline: float, *, wait: bool) -> None:
-        """Refuse (or, for a stream, wait) while ``max_unadmitted`` requests already wait for a worker."""
-        bound = self.limits.max_unadmitted
+    async def _queue_room(self, deadline: float, *, wait: bool, share: float = 1.0) -> None:
+        """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker."""
+        bound = max(1, int(self.limits.max_unadmitted * share))
         while (waiting := self.pool.unadmitted()) >= bound:
             if not wait:
                 self.batcher.count_rejection("QUEUE_FULL")
+                part = "" if share >= 1.0 else (f", {share:.0%} of it for a sender that already has requests in "
+                                                "flight; the rest is kept for other senders")
                 raise Overloaded(
                     f"{waiting} requests already wait for a preprocessing worker (bound {bound}: config key "
-                    "batcher.queue_capacity)",
+                    f"batcher.queue_capacity = {self.limits.max_unadmitted}{part})",
                     retry_after_s=self.batcher.expected_wait_s(),
                 )
             if self.clock.monotonic() >= deadline:

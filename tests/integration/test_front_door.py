@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.admission import SENDER_SHARE
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
 from appliance.tools.chaos import ANY_PIPELINE, bad_cases, fault_case
@@ -208,3 +209,36 @@ def test_requests_waiting_for_a_worker_are_bounded_like_the_inbox(tmp_path: Path
         assert app.app.batcher.statistics().rejected > 0  # counted like any other refusal
     finally:
         app.stop()
+
+
+def test_a_client_flooding_the_queue_leaves_room_for_another(tmp_path: Path) -> None:
+    """A sender that already has requests in flight is refused at SENDER_SHARE of batcher.queue_capacity, so a
+    second client still gets in (and, taking turns, gets the first worker that frees)."""
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("APPLIANCE_TEST_DECODER_FAULTS", "1")
+    config = fake_config(models, batcher={"queue_capacity": 8, "preprocess_workers": 2, "max_wait_s": 0.0},
+                         workers={"step_timeout_s": 1.0})
+    app = RunningApp(config, notifier=RecordingNotifier())
+    mp.undo()
+    spin = fault_case("spin")
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+    try:
+        with grpc.insecure_channel(app.target, options=own) as flooder, \
+                grpc.insecure_channel(app.target, options=own) as other, \
+                concurrent.futures.ThreadPoolExecutor(16) as pool:
+            bombs = [pool.submit(_analyze, flooder, spin.data, "", 30.0) for _ in range(14)]
+            deadline = time.monotonic() + 10
+            while sum(b.done() for b in bombs) < 14 - 8 and time.monotonic() < deadline:
+                time.sleep(0.01)  # 2 on the workers, the queue at the flooder's share, the rest refused
+            assert app.app.pool.unadmitted() <= int(8 * SENDER_SHARE)
+            valid = _analyze(other, VALID, timeout=20.0)
+            results = [b.result() for b in bombs]
+        assert valid == ("OK", "")
+        refused = [msg for code, msg in results if code == "RESOURCE_EXHAUSTED" and "preprocessing worker" in msg]
+        assert refused and all("kept for other senders" in m for m in refused), results
+        assert all(code in spin.expect or code == "RESOURCE_EXHAUSTED" for code, _ in results), results
+    finally:
+        app.stop()
+

@@ -243,8 +243,11 @@ def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, sli
             stub = pb_grpc.InferenceStub(ch)
             first = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)]
             _wait(lambda: len(app.app.engine.batches) == 1, 5)  # first batch running, held at the gate
-            queued = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30) for _ in range(8)]
-            _wait(lambda: app.app.batcher.statistics().depth == 8, 10)
+            queued = []
+            for i in range(8):  # one at a time: this fills the inbox; a burst from one sender would first meet
+                # its share (SENDER_SHARE) of the bound on requests waiting for a worker
+                queued.append(stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30))
+                _wait(lambda n=i + 1: app.app.batcher.statistics().depth == n, 10)
             with pytest.raises(grpc.RpcError) as e:
                 stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

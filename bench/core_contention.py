@@ -7,7 +7,8 @@ other is idle. If the cores are hyperthreads of one physical core, or share a me
 saturates, two busy cores do less than twice one core's work, and the ceiling overstates what the machine can
 do. This runs three workloads -- a single-thread SGEMM (numpy, 1 BLAS thread), the engine's batch (ONNX Runtime,
 1 intra-op thread) and a JPEG 2000 decode -- as one process pinned to core 0, then as one process per core,
-each pinned, started together, and prints each process's thread CPU per unit of work. A ratio near 1.0 means
+each pinned, started together, and prints each process's thread CPU per unit of work; then the engine beside a
+JPEG 2000 decoder on the other core, which is what the daemon does under load. A ratio near 1.0 means
 independent cores; 1.3-1.6 is what SMT siblings typically show.
 """
 
@@ -20,11 +21,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _work(kind: str) -> tuple[object, int]:
+def _work(kind: str) -> tuple[Any, int]:
     """Return (a callable doing one unit of work, how many units make ~0.5 s)."""
     import numpy as np
 
@@ -54,7 +56,7 @@ def _work(kind: str) -> tuple[object, int]:
     raise SystemExit(f"unknown workload {kind!r}")
 
 
-def _child(kind: str, core: int, start: mp.synchronize.Event, out: mp.Queue) -> None:  # type: ignore[name-defined]
+def _child(kind: str, core: int, start: Any, out: Any, index: int) -> None:
     os.sched_setaffinity(0, {core})
     fn, units = _work(kind)
     fn()  # warm
@@ -62,21 +64,24 @@ def _child(kind: str, core: int, start: mp.synchronize.Event, out: mp.Queue) -> 
     t0 = time.thread_time()
     for _ in range(units):
         fn()
-    out.put((time.thread_time() - t0) / units * 1000.0)
+    out.put((index, (time.thread_time() - t0) / units * 1000.0))
 
 
-def _round(kind: str, cores: list[int]) -> list[float]:
+def _round(kind: str, cores: list[int], others: tuple[str, ...] = ()) -> list[float]:
+    """Run ``kind`` on ``cores[0]`` and, on the other cores, ``others`` (default: ``kind`` again)."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(kind, c, start, out)) for c in cores]
+    kinds = [kind, *(others or (kind,) * (len(cores) - 1))][: len(cores)]
+    procs = [ctx.Process(target=_child, args=(k, c, start, out, i))
+             for i, (k, c) in enumerate(zip(kinds, cores, strict=True))]
     for p in procs:
         p.start()
     time.sleep(4.0)  # every child loaded and warm before the start
     start.set()
-    results = [out.get(timeout=120) for _ in procs]
+    results = dict(out.get(timeout=120) for _ in procs)
     for p in procs:
         p.join()
-    return results
+    return [results[i] for i in range(len(procs))]
 
 
 def main(argv: list[str]) -> int:
@@ -91,6 +96,15 @@ def main(argv: list[str]) -> int:
         a, t = statistics.median(alone), statistics.median(together)
         report[kind] = {"alone_ms": round(a, 3), "all_cores_ms": round(t, 3), "ratio": round(t / a, 3)}
         print(f"{kind:7s} one core alone {a:8.3f} ms   {len(cores)} cores busy {t:8.3f} ms   ratio {t / a:.3f}",
+              flush=True)
+    if len(cores) > 1:  # what the daemon does under load: the engine on one core, a decoder on the other
+        alone, beside = [], []
+        for _ in range(rounds):
+            alone.extend(_round("engine", cores[:1]))
+            beside.append(_round("engine", cores[:2], ("j2k",))[0])
+        a, t = statistics.median(alone), statistics.median(beside)
+        report["engine_beside_j2k"] = {"alone_ms": round(a, 3), "all_cores_ms": round(t, 3), "ratio": round(t / a, 3)}
+        print(f"engine  one core alone {a:8.3f} ms   beside a J2K decoder {t:8.3f} ms   ratio {t / a:.3f}",
               flush=True)
     print(json.dumps(report))
     return 0

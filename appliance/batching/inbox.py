@@ -148,8 +148,11 @@ class Inbox:
         duty = max(self.pacer.duty, 0.05)
         return batches * self.batch_s_estimate / duty
 
-    def reserve(self, request: Request) -> None:
+    def reserve(self, request: Request, *, keep_free: int = 0) -> None:
         """Admit a request: reserve one slot per frame. Its frames then wait for a worker (ADMITTED).
+
+        ``keep_free`` slots must stay free after it: the request path keeps the last ones for other senders
+        (appliance.serving.admission.SENDER_SHARE).
 
         Raises:
             Unavailable: draining, stopped, or the engine is dead.
@@ -179,12 +182,13 @@ class Inbox:
                 raise Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD")
             if not self._accepting:
                 raise Unavailable("service is draining", reason="DRAINING")
-            if len(self._free) < n:
+            if len(self._free) < n + keep_free:
                 depth = cap - len(self._free)
                 self._rejected += 1
                 self.observer.on_rejected("QUEUE_FULL")
+                kept = f", the last {keep_free} kept for other senders" if keep_free and len(self._free) >= n else ""
                 raise Overloaded(
-                    f"inbox full: {depth} of {cap} slots in use (config key batcher.queue_capacity)",
+                    f"inbox full: {depth} of {cap} slots in use{kept} (config key batcher.queue_capacity)",
                     retry_after_s=self.batch_s_estimate * math.ceil(depth / self.batch_size),
                 )
             for item in request.items:

@@ -18,9 +18,9 @@ from appliance.errors import Overloaded
 __all__ = ["SENDER_SHARE", "ByteBudget", "Senders"]
 
 #: NOTE (sender share): a sender that already has a file in flight is refused (or, on a stream, waits) at this
-#: fraction of the shared bounds -- requests waiting for a worker (``batcher.queue_capacity``) and payload bytes
-#: in flight (``server.inflight_bytes``); the rest is kept for senders with nothing in flight, so one client's
-#: flood cannot shut every other client out.
+#: fraction of the shared bounds -- requests waiting for a worker and inbox slots (``batcher.queue_capacity``),
+#: payload bytes in flight (``server.inflight_bytes``); the rest is kept for senders with nothing in flight, so
+#: one client's flood cannot shut every other client out.
 SENDER_SHARE = 0.75
 
 

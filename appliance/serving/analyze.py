@@ -252,8 +252,11 @@ class RequestPath:
             request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
 
             def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
-                return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames)
+                return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames, keep_free)
 
+            # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
+            cap = self.batcher.config.queue_capacity
+            keep_free = 0 if admit_frames is not None else cap - int(cap * share)
             job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
             await self._queue_room(deadline, wait=wait_for_budget, share=share)
             self.pool.submit(job)
@@ -331,13 +334,14 @@ class RequestPath:
             self._on_finished(code, self.clock.monotonic() - t0 if code == "OK" else None)
 
     async def _admit(
-        self, request: Request, n_frames: int, sop_uid: str, admit_frames: Callable[[int], Awaitable[None]] | None
+        self, request: Request, n_frames: int, sop_uid: str, admit_frames: Callable[[int], Awaitable[None]] | None,
+        keep_free: int,
     ) -> list[WorkItem]:
         request.set_frames(n_frames, sop_uid)
         if admit_frames is not None:
             await admit_frames(n_frames)
         self._check_admitting()
-        self.batcher.reserve(request)
+        self.batcher.reserve(request, keep_free=keep_free)
         return request.items
 
     def _admit_from_thread(
@@ -347,9 +351,11 @@ class RequestPath:
         n_frames: int,
         sop_uid: str,
         admit_frames: Callable[[int], Awaitable[None]] | None,
+        keep_free: int,
     ) -> list[WorkItem]:
         """Run admission on the event loop (a stream may await its window) and wait for it, bounded."""
-        future = asyncio.run_coroutine_threadsafe(self._admit(request, n_frames, sop_uid, admit_frames), loop)
+        future = asyncio.run_coroutine_threadsafe(self._admit(request, n_frames, sop_uid, admit_frames, keep_free),
+                                                  loop)
         left = (request.deadline or self.clock.monotonic() + 30.0) - self.clock.monotonic()
         try:
             return future.result(timeout=max(0.01, left))

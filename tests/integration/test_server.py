@@ -244,8 +244,8 @@ def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, sli
             first = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)]
             _wait(lambda: len(app.app.engine.batches) == 1, 5)  # first batch running, held at the gate
             queued = []
-            for i in range(8):  # one at a time: this fills the inbox; a burst from one sender would first meet
-                # its share (SENDER_SHARE) of the bound on requests waiting for a worker
+            for i in range(6):  # one at a time, so only the inbox bounds them: 6 = SENDER_SHARE of 8 slots for a
+                # sender that already has a request in flight (the test below gives the other 2 to another sender)
                 queued.append(stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30))
                 _wait(lambda n=i + 1: app.app.batcher.statistics().depth == n, 10)
             with pytest.raises(grpc.RpcError) as e:
@@ -254,12 +254,46 @@ def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, sli
             assert "inbox full" in e.value.details()
             for f in queued[:3]:
                 f.cancel()
-            _wait(lambda: app.app.batcher.statistics().depth == 5, 5)
+            _wait(lambda: app.app.batcher.statistics().depth == 3, 5)
             gate.set()
             for f in first + queued[3:]:
                 assert len(f.result().frames) == 1
             status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
             assert status.status_counts.get("RESOURCE_EXHAUSTED", 0) >= 1
+    finally:
+        gate.set()
+        app.stop()
+
+
+def test_a_client_filling_the_inbox_leaves_its_last_quarter_to_another(models_dir, slice_bytes) -> None:
+    """A sender that already has requests in flight may fill SENDER_SHARE of the inbox; the rest is admitted
+    only for a sender with nothing in flight (docs/robustness.md, "One sender cannot starve the others")."""
+    gate = threading.Event()
+    app = RunningApp(
+        fake_config(models_dir, batcher={"queue_capacity": 8, "max_wait_s": 0.0}, engine={"options": {}}),
+        notifier=RecordingNotifier(),
+        engine_options={"hang": gate},
+    )
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+    try:
+        with grpc.insecure_channel(app.target, options=own) as ch, \
+                grpc.insecure_channel(app.target, options=own) as other:
+            stub = pb_grpc.InferenceStub(ch)
+            first = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)]
+            _wait(lambda: len(app.app.engine.batches) == 1, 5)  # first batch running, held at the gate
+            queued = []
+            for i in range(6):  # one at a time, so only the inbox bounds them
+                queued.append(stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30))
+                _wait(lambda n=i + 1: app.app.batcher.statistics().depth == n, 10)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "the last 2 kept for other senders" in e.value.details()
+            theirs = pb_grpc.InferenceStub(other).Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)
+            _wait(lambda: app.app.batcher.statistics().depth == 7, 10)  # admitted from the reserve
+            gate.set()
+            for f in [*first, *queued, theirs]:
+                assert len(f.result().frames) == 1
     finally:
         gate.set()
         app.stop()

@@ -356,6 +356,23 @@ def test_an_engine_bound_backlog_bursts_even_while_frames_keep_arriving(fake_man
     assert h.engine.bursts == ([True, True, True, False] if idle else [False] * 4)
 
 
+def test_reserve_can_keep_the_last_slots_free_for_other_senders(fake_manifest):
+    h = Harness(fake_manifest, queue_capacity=8)
+    first = [h.admit([0.5]) for _ in range(5)]
+    late = Request("late", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=1)
+    with pytest.raises(Overloaded, match="the last 3 kept for other senders"):
+        h.batcher.reserve(late, keep_free=3)  # 5 used + 1 would leave 2 free
+    two = Request("two", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=2)
+    h.batcher.reserve(two, keep_free=1)  # 5 + 2 leaves 1
+    assert h.batcher.statistics().depth == 7
+    with pytest.raises(Overloaded, match=r"inbox full: 7 of 8 slots in use \(config"):
+        h.batcher.reserve(Request("big", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=2))
+    assert h.batcher.statistics().rejected == 2
+    for req in first:
+        h.decode(req)
+    h.settle()
+
+
 def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest):
     """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
     batch k's result is collected; rows still come back to their own frames."""

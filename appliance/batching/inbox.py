@@ -151,8 +151,8 @@ class Inbox:
     def reserve(self, request: Request, *, keep_free: int = 0) -> None:
         """Admit a request: reserve one slot per frame. Its frames then wait for a worker (ADMITTED).
 
-        ``keep_free`` slots must stay free after it: the request path keeps the last ones for other senders
-        (appliance.serving.admission.SENDER_SHARE).
+        ``keep_free`` slots must stay free after it, unless the inbox is empty (and never more than it leaves):
+        the request path keeps the last ones for other senders (appliance.serving.admission.SENDER_SHARE).
 
         Raises:
             Unavailable: draining, stopped, or the engine is dead.
@@ -182,11 +182,12 @@ class Inbox:
                 raise Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD")
             if not self._accepting:
                 raise Unavailable("service is draining", reason="DRAINING")
-            if len(self._free) < n + keep_free:
+            keep = min(keep_free, cap - n) if len(self._free) < cap else 0  # an empty inbox admits what fits
+            if len(self._free) < n + keep:
                 depth = cap - len(self._free)
                 self._rejected += 1
                 self.observer.on_rejected("QUEUE_FULL")
-                kept = f", the last {keep_free} kept for other senders" if keep_free and len(self._free) >= n else ""
+                kept = f", the last {keep} kept for other senders" if keep and len(self._free) >= n else ""
                 raise Overloaded(
                     f"inbox full: {depth} of {cap} slots in use{kept} (config key batcher.queue_capacity)",
                     retry_after_s=self.batch_s_estimate * math.ceil(depth / self.batch_size),

@@ -53,7 +53,7 @@ class FakeCall:
     time_remaining: float | None
     pipeline: str = ""
     rows: int = 0
-    source: str = ""  # analyze: the sender the front end named (its gRPC peer)
+    source: str = ""  # the sender the front end named (its gRPC peer)
 
 
 @dataclass(order=True)
@@ -134,9 +134,10 @@ class FakeAnalyzer:
         request_id: str = "",
         priority: Priority = Priority.BATCH,
         time_remaining: float | None = None,
+        source: str = "",
     ) -> list[dict[str, np.ndarray]]:
         """Run preprocessed rows ``[N, *item_shape]`` float32; one dict of per-item outputs per row."""
-        self.calls.append(FakeCall("infer", request_id, priority, time_remaining, rows=len(inputs)))
+        self.calls.append(FakeCall("infer", request_id, priority, time_remaining, rows=len(inputs), source=source))
         self._check_call(time_remaining)
         expected = self._model.item_shape
         if inputs.dtype != np.float32 or inputs.ndim != len(expected) + 1 or tuple(inputs.shape[1:]) != expected:

@@ -30,9 +30,14 @@ class Senders:
     def __init__(self) -> None:
         self._in_flight: collections.Counter[str] = collections.Counter()
 
-    def share(self, source: str) -> float:
-        """The fraction of a shared bound ``source``'s next request may fill."""
-        return SENDER_SHARE if source and self._in_flight[source] else 1.0
+    def share(self, source: str, *, counted: bool = False) -> float:
+        """The fraction of a shared bound a request of ``source`` may fill.
+
+        :data:`SENDER_SHARE` while the sender has another request in flight (``counted``: this request is already
+        counted), else all of it.
+        """
+        others = self._in_flight[source] - (1 if counted else 0)
+        return SENDER_SHARE if source and others > 0 else 1.0
 
     @contextlib.contextmanager
     def count(self, source: str) -> Iterator[None]:

@@ -40,7 +40,6 @@ from appliance.workers.pool import Job, WorkerPool
 __all__ = ["Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits", "RequestPath"]
 
 
-
 @dataclass(frozen=True)
 class ModelInfo:
     """The served model, as clients see it."""
@@ -103,7 +102,7 @@ class Analyzer(Protocol):
         ...
 
     async def infer(self, inputs: np.ndarray, *, request_id: str = "", priority: Priority = Priority.BATCH,
-                    time_remaining: float | None = None) -> list[dict[str, np.ndarray]]:
+                    time_remaining: float | None = None, source: str = "") -> list[dict[str, np.ndarray]]:
         """Run already preprocessed float32 inputs ``[N, *item_shape]``; one dict of outputs per row."""
         ...
 
@@ -252,11 +251,8 @@ class RequestPath:
             request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
 
             def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
-                return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames, keep_free)
+                return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames, source)
 
-            # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
-            cap = self.batcher.config.queue_capacity
-            keep_free = 0 if admit_frames is not None else cap - int(cap * share)
             job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
             await self._queue_room(deadline, wait=wait_for_budget, share=share)
             self.pool.submit(job)
@@ -270,14 +266,19 @@ class RequestPath:
         request_id: str = "",
         priority: Priority = Priority.BATCH,
         time_remaining: float | None = None,
+        source: str = "",
     ) -> list[dict[str, np.ndarray]]:
-        """Run already preprocessed ``[N, *item_shape]`` float32 inputs through admission, batcher and engine."""
+        """Run already preprocessed ``[N, *item_shape]`` float32 inputs through admission, batcher and engine.
+
+        ``source`` names the sender, as for :meth:`analyze`: one already in flight gets a share of the inbox.
+        """
         t0 = self.clock.monotonic()
-        with self._counted(t0):
-            return await self._infer(inputs, t0, request_id, priority, time_remaining)
+        with self._counted(t0), self._senders.count(source):
+            return await self._infer(inputs, t0, request_id, priority, time_remaining, source)
 
     async def _infer(
-        self, inputs: np.ndarray, t0: float, request_id: str, priority: Priority, time_remaining: float | None
+        self, inputs: np.ndarray, t0: float, request_id: str, priority: Priority, time_remaining: float | None,
+        source: str,
     ) -> list[dict[str, np.ndarray]]:
         self._check_admitting()
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
@@ -292,11 +293,16 @@ class RequestPath:
         done = _new_future(loop)
         request = Request(rid, "", priority, deadline, t0, n_frames=len(inputs),
                           on_done=lambda r: _resolve(loop, done, r))
-        self.batcher.reserve(request)
+        self.batcher.reserve(request, keep_free=self._keep_free(source))
         for item, row in zip(request.items, inputs, strict=True):
             self.batcher.put_tensor(item, row)
         await self._wait(done, request, None)
         return [dict(item.outputs or {}) for item in request.items]
+
+    def _keep_free(self, source: str) -> int:
+        """Inbox slots a request of ``source`` (counted in flight) must leave free: the other senders' reserve."""
+        cap = self.batcher.config.queue_capacity
+        return cap - int(cap * self._senders.share(source, counted=True))
 
     async def _queue_room(self, deadline: float, *, wait: bool, share: float = 1.0) -> None:
         """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker."""
@@ -335,13 +341,14 @@ class RequestPath:
 
     async def _admit(
         self, request: Request, n_frames: int, sop_uid: str, admit_frames: Callable[[int], Awaitable[None]] | None,
-        keep_free: int,
+        source: str,
     ) -> list[WorkItem]:
         request.set_frames(n_frames, sop_uid)
         if admit_frames is not None:
             await admit_frames(n_frames)
         self._check_admitting()
-        self.batcher.reserve(request, keep_free=keep_free)
+        # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
+        self.batcher.reserve(request, keep_free=0 if admit_frames is not None else self._keep_free(source))
         return request.items
 
     def _admit_from_thread(
@@ -351,11 +358,10 @@ class RequestPath:
         n_frames: int,
         sop_uid: str,
         admit_frames: Callable[[int], Awaitable[None]] | None,
-        keep_free: int,
+        source: str,
     ) -> list[WorkItem]:
         """Run admission on the event loop (a stream may await its window) and wait for it, bounded."""
-        future = asyncio.run_coroutine_threadsafe(self._admit(request, n_frames, sop_uid, admit_frames, keep_free),
-                                                  loop)
+        future = asyncio.run_coroutine_threadsafe(self._admit(request, n_frames, sop_uid, admit_frames, source), loop)
         left = (request.deadline or self.clock.monotonic() + 30.0) - self.clock.monotonic()
         try:
             return future.result(timeout=max(0.01, left))

@@ -230,7 +230,8 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             priority, time_remaining = self._schedule(request, context)
             wanted = self._wanted(request, view, self._output_names(view))  # before computing anything
             if view == self.tensor_view:
-                names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch)
+                names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch,
+                                                          context.peer())
             else:
                 names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch,
                                                          context.peer())
@@ -254,6 +255,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         priority: Priority,
         time_remaining: float | None,
         stats: _Stats,
+        source: str,
     ) -> tuple[list[str], list[np.ndarray]]:
         model = self.analyzer.model
         tensor, raw = self._single_input(request, model.input_name)
@@ -293,6 +295,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             request_id=request_id,
             priority=priority,
             time_remaining=time_remaining,
+            source=source,
         )
         stats.compute_infer = _Stats.add(stats.compute_infer, time.perf_counter() - t_in)
         stats.inference_count += n

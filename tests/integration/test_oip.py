@@ -131,6 +131,7 @@ def test_tensor_view_computes_each_row(stub, served) -> None:
     np.testing.assert_allclose(out["heatmap"], heat, rtol=1e-5)
     assert served.engine.real_rows()[-1] == 3  # one fixed batch of B=4, padded with one zero row
     assert served.analyzer.calls[-1].priority == Priority.BATCH
+    assert served.analyzer.calls[-1].source.startswith(("ipv4:", "ipv6:"))  # the sender, for its share
 
 
 def test_typed_contents_and_requested_outputs(stub) -> None:

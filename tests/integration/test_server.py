@@ -238,23 +238,27 @@ def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, sli
         notifier=RecordingNotifier(),
         engine_options={"hang": gate},
     )
+    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
     try:
-        with grpc.insecure_channel(app.target) as ch:
+        with grpc.insecure_channel(app.target, options=own) as ch, \
+                grpc.insecure_channel(app.target, options=own) as other, \
+                grpc.insecure_channel(app.target, options=own) as third:
             stub = pb_grpc.InferenceStub(ch)
             first = [stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30)]
             _wait(lambda: len(app.app.engine.batches) == 1, 5)  # first batch running, held at the gate
             queued = []
-            for i in range(6):  # one at a time, so only the inbox bounds them: 6 = SENDER_SHARE of 8 slots for a
-                # sender that already has a request in flight (the test below gives the other 2 to another sender)
-                queued.append(stub.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30))
+            for i in range(8):  # one at a time, so only the inbox bounds them: 6 from this sender (SENDER_SHARE of
+                # 8 slots while it has a request in flight), the last 2 from two senders with nothing in flight
+                who = stub if i < 6 else pb_grpc.InferenceStub(other if i == 6 else third)
+                queued.append(who.Analyze.future(pb.AnalyzeRequest(dicom=slice_bytes), timeout=30))
                 _wait(lambda n=i + 1: app.app.batcher.statistics().depth == n, 10)
             with pytest.raises(grpc.RpcError) as e:
-                stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+                pb_grpc.InferenceStub(other).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "inbox full" in e.value.details()
+            assert "inbox full: 8 of 8 slots in use (config" in e.value.details()
             for f in queued[:3]:
                 f.cancel()
-            _wait(lambda: app.app.batcher.statistics().depth == 3, 5)
+            _wait(lambda: app.app.batcher.statistics().depth == 5, 5)
             gate.set()
             for f in first + queued[3:]:
                 assert len(f.result().frames) == 1

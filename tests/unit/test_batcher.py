@@ -373,6 +373,26 @@ def test_reserve_can_keep_the_last_slots_free_for_other_senders(fake_manifest):
     h.settle()
 
 
+def test_keep_free_never_refuses_what_an_empty_inbox_could_hold(fake_manifest):
+    """A multi-frame file larger than the share still gets in on an empty inbox; on a busy one the reserve is never
+    more than the file leaves, so the refusal is retried after a batch, not at once."""
+    h = Harness(fake_manifest, queue_capacity=8)
+    big = Request("big", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=7)
+    big.instance = [0.5] * 7  # what the harness's decode writes into each slot
+    h.batcher.reserve(big, keep_free=2)  # empty inbox: admitted although 7 + 2 > 8
+    assert h.batcher.statistics().depth == 7
+    h.decode(big)
+    h.settle()
+    assert h.batcher.statistics().depth == 0
+    one = h.admit([0.5])
+    with pytest.raises(Overloaded, match="the last 1 kept for other senders") as e:
+        h.batcher.reserve(Request("big2", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=7),
+                          keep_free=2)  # 1 used: 7 fit, and the reserve is capped at what it leaves (1)
+    assert e.value.retry_after_s is not None and e.value.retry_after_s > 0
+    h.decode(one)
+    h.settle()
+
+
 def test_engine_with_two_batches_in_flight_gets_the_next_before_the_last_result(fake_manifest):
     """For an engine that overlaps copy and compute (TensorRT: max_in_flight 2), batch k+1 is submitted before
     batch k's result is collected; rows still come back to their own frames."""

@@ -1,4 +1,5 @@
-"""The in-flight byte budget (server.inflight_bytes): a sender already in flight gets only SENDER_SHARE of it."""
+"""Admission's shared bounds: a sender already in flight gets only SENDER_SHARE of the byte budget (and of the
+other bounds, through Senders.share)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from appliance.errors import Overloaded
-from appliance.serving.admission import SENDER_SHARE, ByteBudget
+from appliance.serving.admission import SENDER_SHARE, ByteBudget, Senders
 
 
 def test_a_sender_already_in_flight_is_refused_at_its_share_and_a_newcomer_is_not() -> None:
@@ -43,3 +44,18 @@ def test_a_waiting_sender_waits_for_its_share() -> None:
         assert order == ["second in"] and budget.used == 0
 
     asyncio.run(run())
+
+
+def test_senders_share_counts_the_others_in_flight_and_forgets_a_finished_sender() -> None:
+    senders = Senders()
+    assert senders.share("ipv4:10.0.0.1:5000") == 1.0
+    with senders.count("ipv4:10.0.0.1:5000"):
+        assert senders.share("ipv4:10.0.0.1:5000") == SENDER_SHARE  # a second request from it
+        assert senders.share("ipv4:10.0.0.1:5000", counted=True) == 1.0  # this one is the only one
+        assert senders.share("ipv4:10.0.0.2:5000") == 1.0  # another sender
+        with pytest.raises(RuntimeError), senders.count("ipv4:10.0.0.1:5000"):
+            assert senders.share("ipv4:10.0.0.1:5000", counted=True) == SENDER_SHARE
+            raise RuntimeError("a failed request is uncounted too")
+        assert senders.share("", counted=False) == 1.0  # an unknown sender is never limited
+    assert senders.share("ipv4:10.0.0.1:5000") == 1.0
+    assert not senders._in_flight

@@ -197,7 +197,7 @@ class Batcher(Inbox):
                 self._release(item)
             self._cond.notify_all()
             rate = self._arrival_rate(self.clock.monotonic())
-            backlog = len(self._ready) + self._coming()
+            backlog = len(self._ready)  # decoded frames already waiting for the engine beyond this batch
         self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()

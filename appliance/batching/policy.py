@@ -123,13 +123,13 @@ def may_burst(*, sequential: bool, preprocessing_idle: bool, arrival_rate: float
     NOTE (burst rule): only when no core will be wanted for preprocessing now. In sequential mode nothing
     decodes during a batch. Otherwise no worker may be parsing or decoding now, and either fewer than
     :data:`BURST_ARRIVALS` frames may be expected during the batch (``arrival_rate * batch_s``), or the engine is
-    the bottleneck: a whole further batch (``backlog``: frames ready or on their way beyond this one) waits for
-    it. A frame that arrives mid-batch makes a worker preempt a burst thread, and the batch then waits for the
-    chunk that thread held; at moderate load that costs more than the burst saves (Poisson p99 on ``native``
-    202/146 ms bursting against 150/132 without), but when the next batch is already full the engine's time is
-    what every request waits for, and the idle core is worth more (docs/performance.md "Burst threads"). A lone
-    closed-loop client always qualifies: its next frame comes after this batch answers, and
-    ``batch_s / latency`` < 1.
+    the bottleneck: a whole further batch (``backlog``: decoded frames beyond this one) already waits for it.
+    Frames still on their way do not count: a worker is about to decode them. A frame that arrives mid-batch
+    makes a worker preempt a burst thread, and the batch then waits for the chunk that thread held; at moderate
+    load that costs more than the burst saves (Poisson p99 on ``native`` 202/146 ms bursting against 150/132
+    without), but when the next batch is already decoded the engine's time is what every request waits for, and
+    the idle core is worth more (docs/performance.md "Burst threads"). A lone closed-loop client always
+    qualifies: its next frame comes after this batch answers, and ``batch_s / latency`` < 1.
     """
     if sequential:
         return True

@@ -356,6 +356,24 @@ def test_an_engine_bound_backlog_bursts_even_while_frames_keep_arriving(fake_man
     assert h.engine.bursts == ([True, True, True, False] if idle else [False] * 4)
 
 
+def test_frames_still_to_be_decoded_are_no_engine_bound_backlog(fake_manifest):
+    """Only decoded frames make the engine the bottleneck: admitted frames a worker is about to decode would
+    want the core a burst takes."""
+    h = Harness(fake_manifest)
+    h.batcher.preprocessing_idle = lambda: True  # between two steps of a worker
+    h.engine.latency_s = 0.1
+    h.batcher.batch_s_estimate = 0.1
+    ready = [h.submit([0.5]) for _ in range(4)]
+    waiting = [h.admit([0.5]) for _ in range(12)]  # 16 frames/s x 0.1 s: too many arrivals for a lone-client burst
+    h.batcher.step(block=False)  # launches the 4 ready frames with 12 admitted but not decoded behind them
+    for req in waiting:
+        h.decode(req)
+    h.settle()
+    assert all(r.error is None for r in ready + waiting)
+    assert h.engine.bursts[0] is False
+    assert h.engine.bursts[1:] == [True, True, False]  # then 8, 4, 0 decoded frames behind each launch
+
+
 def test_reserve_can_keep_the_last_slots_free_for_other_senders(fake_manifest):
     h = Harness(fake_manifest, queue_capacity=8)
     first = [h.admit([0.5]) for _ in range(5)]

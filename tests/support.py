@@ -54,6 +54,11 @@ bytes = {size}
 """
 
 
+#: gRPC channel options for a connection of its own (Python channels otherwise share one per target): another
+#: peer, as another client -- the daemon's turn-taking and admission share go by peer (docs/robustness.md).
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
 def write_fake_model(
     models_dir: Path, batch: int = 4, h: int = 8, w: int = 8, name: str = "fake-model", heatmap: int = 2
 ) -> Manifest:

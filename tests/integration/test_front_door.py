@@ -18,7 +18,7 @@ from appliance.serving.admission import SENDER_SHARE
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
 from appliance.tools.chaos import ANY_PIPELINE, bad_cases, fault_case
-from tests.support import REPO, RunningApp, fake_config, write_fake_model
+from tests.support import OWN_CONNECTION, REPO, RunningApp, fake_config, write_fake_model
 
 CASES = bad_cases(seed=0)
 FAULT_KINDS = ("segfault", "abort", "panic", "alloc", "spin", "exit")
@@ -105,7 +105,7 @@ def test_a_flood_from_one_client_does_not_hold_back_another(server) -> None:
     valid file from another client; the valid file gets the first worker that frees, not the seventh."""
     app, _ = server
     spin = fault_case("spin")  # holds its worker for the whole 2 s step budget, then the worker is replaced
-    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+    own = OWN_CONNECTION
     with grpc.insecure_channel(app.target, options=own) as flooder, \
             grpc.insecure_channel(app.target, options=own) as other, \
             concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -223,7 +223,7 @@ def test_a_client_flooding_the_queue_leaves_room_for_another(tmp_path: Path) -> 
     app = RunningApp(config, notifier=RecordingNotifier())
     mp.undo()
     spin = fault_case("spin")
-    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+    own = OWN_CONNECTION
     try:
         with grpc.insecure_channel(app.target, options=own) as flooder, \
                 grpc.insecure_channel(app.target, options=own) as other, \

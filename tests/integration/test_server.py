@@ -19,7 +19,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
-from tests.support import RunningApp, fake_config
+from tests.support import OWN_CONNECTION, RunningApp, fake_config
 
 
 @pytest.fixture(scope="module")
@@ -231,14 +231,19 @@ def test_oversize_request_states_the_limit(models_dir, slice_bytes) -> None:
         app.stop()
 
 
-def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, slice_bytes) -> None:
-    gate = threading.Event()
-    app = RunningApp(
+def _gated_app(models_dir: Path, gate: threading.Event) -> RunningApp:
+    """An 8-slot daemon whose fake engine holds every batch until ``gate`` is set."""
+    return RunningApp(
         fake_config(models_dir, batcher={"queue_capacity": 8, "max_wait_s": 0.0}, engine={"options": {}}),
         notifier=RecordingNotifier(),
         engine_options={"hang": gate},
     )
-    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+
+
+def test_queue_full_is_resource_exhausted_and_cancel_frees_slots(models_dir, slice_bytes) -> None:
+    gate = threading.Event()
+    app = _gated_app(models_dir, gate)
+    own = OWN_CONNECTION
     try:
         with grpc.insecure_channel(app.target, options=own) as ch, \
                 grpc.insecure_channel(app.target, options=own) as other, \
@@ -273,12 +278,8 @@ def test_a_client_filling_the_inbox_leaves_its_last_quarter_to_another(models_di
     """A sender that already has requests in flight may fill SENDER_SHARE of the inbox; the rest is admitted
     only for a sender with nothing in flight (docs/robustness.md, "One sender cannot starve the others")."""
     gate = threading.Event()
-    app = RunningApp(
-        fake_config(models_dir, batcher={"queue_capacity": 8, "max_wait_s": 0.0}, engine={"options": {}}),
-        notifier=RecordingNotifier(),
-        engine_options={"hang": gate},
-    )
-    own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own: another peer, as another client
+    app = _gated_app(models_dir, gate)
+    own = OWN_CONNECTION
     try:
         with grpc.insecure_channel(app.target, options=own) as ch, \
                 grpc.insecure_channel(app.target, options=own) as other:

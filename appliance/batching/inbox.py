@@ -185,12 +185,15 @@ class Inbox:
             keep = min(keep_free, cap - n) if len(self._free) < cap else 0  # an empty inbox admits what fits
             if len(self._free) < n + keep:
                 depth = cap - len(self._free)
+                shared = keep and len(self._free) >= n  # it would fit but for the other senders' reserve
+                reason = "SENDER_SHARE" if shared else "QUEUE_FULL"
                 self._rejected += 1
-                self.observer.on_rejected("QUEUE_FULL")
-                kept = f", the last {keep} kept for other senders" if keep and len(self._free) >= n else ""
+                self.observer.on_rejected(reason)
+                kept = f", the last {keep} kept for other senders" if shared else ""
                 raise Overloaded(
                     f"inbox full: {depth} of {cap} slots in use{kept} (config key batcher.queue_capacity)",
                     retry_after_s=self.batch_s_estimate * math.ceil(depth / self.batch_size),
+                    reason=reason,
                 )
             for item in request.items:
                 item.slot = self._free.popleft()

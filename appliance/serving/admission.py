@@ -73,7 +73,7 @@ class ByteBudget:
                     f"{self.used} bytes of requests in flight; this one ({n} bytes) would pass the budget "
                     f"server.inflight_bytes = {self.limit}{part}",
                     retry_after_s=0.2,
-                    reason="INFLIGHT_BYTES",
+                    reason="INFLIGHT_BYTES" if self.used + n > self.limit else "SENDER_SHARE",
                 )
             self.used += n
         try:

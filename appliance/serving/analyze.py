@@ -309,13 +309,15 @@ class RequestPath:
         bound = max(1, int(self.limits.max_unadmitted * share))
         while (waiting := self.pool.unadmitted()) >= bound:
             if not wait:
-                self.batcher.count_rejection("QUEUE_FULL")
+                reason = "SENDER_SHARE" if waiting < self.limits.max_unadmitted else "QUEUE_FULL"
+                self.batcher.count_rejection(reason)
                 part = "" if share >= 1.0 else (f", {share:.0%} of it for a sender that already has requests in "
                                                 "flight; the rest is kept for other senders")
                 raise Overloaded(
                     f"{waiting} requests already wait for a preprocessing worker (bound {bound}: config key "
                     f"batcher.queue_capacity = {self.limits.max_unadmitted}{part})",
                     retry_after_s=self.batcher.expected_wait_s(),
+                    reason=reason,
                 )
             if self.clock.monotonic() >= deadline:
                 raise DeadlineExceeded("deadline passed while waiting for a preprocessing worker")

@@ -85,7 +85,7 @@ class Metrics(BatchObserver):
         self.rejections = Counter(
             "appliance_rejections", "Admissions refused at once, by reason", ["reason"], registry=r
         )
-        for reason in ("QUEUE_FULL", "DEADLINE_UNMEETABLE"):  # exported at 0 so dashboards see the series
+        for reason in ("QUEUE_FULL", "SENDER_SHARE", "DEADLINE_UNMEETABLE"):  # exported at 0: dashboards see them
             self.rejections.labels(reason)
         self.frames = Counter("appliance_frames", "Frames finished, by final state", ["state"], registry=r)
         self.batches = Counter("appliance_batches", "Engine batches run", registry=r)

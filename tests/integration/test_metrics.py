@@ -100,6 +100,7 @@ def test_daemon_serves_every_series(models_dir: Path) -> None:
             assert families[name].type == kind, (name, families[name].type)
         assert value(families, "appliance_requests", "appliance_requests_total", code="OK") == 1
         assert value(families, "appliance_rejections", "appliance_rejections_total", reason="QUEUE_FULL") == 0
+        assert value(families, "appliance_rejections", "appliance_rejections_total", reason="SENDER_SHARE") == 0
         assert value(families, "appliance_batches", "appliance_batches_total") >= 1
         slots = value(families, "appliance_batch_slots", "appliance_batch_slots_total")
         padded = value(families, "appliance_padded_slots", "appliance_padded_slots_total")

@@ -18,7 +18,11 @@ def test_a_sender_already_in_flight_is_refused_at_its_share_and_a_newcomer_is_no
             with pytest.raises(Overloaded, match="kept for other senders") as refused:
                 async with budget.hold(300, wait=False, share=SENDER_SHARE):  # 800 > 750
                     pass
-            assert refused.value.reason == "INFLIGHT_BYTES" and "server.inflight_bytes = 1000" in str(refused.value)
+            assert refused.value.reason == "SENDER_SHARE" and "server.inflight_bytes = 1000" in str(refused.value)
+            with pytest.raises(Overloaded) as over:
+                async with budget.hold(600, wait=False, share=SENDER_SHARE):  # 1100 > 1000: the budget itself
+                    pass
+            assert over.value.reason == "INFLIGHT_BYTES"
             async with budget.hold(200, wait=False, share=SENDER_SHARE):  # 700 <= 750
                 async with budget.hold(300, wait=False):  # another sender's first request: 1000 <= 1000
                     assert budget.used == 1000

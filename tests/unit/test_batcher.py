@@ -378,13 +378,15 @@ def test_reserve_can_keep_the_last_slots_free_for_other_senders(fake_manifest):
     h = Harness(fake_manifest, queue_capacity=8)
     first = [h.admit([0.5]) for _ in range(5)]
     late = Request("late", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=1)
-    with pytest.raises(Overloaded, match="the last 3 kept for other senders"):
+    with pytest.raises(Overloaded, match="the last 3 kept for other senders") as shared:
         h.batcher.reserve(late, keep_free=3)  # 5 used + 1 would leave 2 free
+    assert shared.value.reason == "SENDER_SHARE"
     two = Request("two", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=2)
     h.batcher.reserve(two, keep_free=1)  # 5 + 2 leaves 1
     assert h.batcher.statistics().depth == 7
-    with pytest.raises(Overloaded, match=r"inbox full: 7 of 8 slots in use \(config"):
+    with pytest.raises(Overloaded, match=r"inbox full: 7 of 8 slots in use \(config") as full:
         h.batcher.reserve(Request("big", "stub", Priority.BATCH, None, h.clock.monotonic(), n_frames=2))
+    assert full.value.reason == "QUEUE_FULL"
     assert h.batcher.statistics().rejected == 2
     for req in first:
         h.decode(req)

@@ -1,9 +1,10 @@
 """Who gets in: the shared bounds a request must fit under before its payload goes to a worker.
 
 :class:`ByteBudget` is ``server.inflight_bytes``; the request path also bounds the requests waiting for a worker
-(``batcher.queue_capacity``). :class:`Senders` counts each sender's requests in flight, so that a sender that
-already has one gets only :data:`SENDER_SHARE` of either bound (docs/robustness.md, "One sender cannot starve the
-others"). Event-loop only: no locks beyond the budget's asyncio condition.
+and the inbox's slots (``batcher.queue_capacity``). :class:`Senders` counts each sender's requests in flight and
+when each was last seen, so that while several senders are active one that already has a request in flight gets
+only :data:`SENDER_SHARE` of those bounds (docs/robustness.md, "One sender cannot starve the others"). Event-loop
+only: no locks beyond the budget's asyncio condition.
 """
 
 from __future__ import annotations
@@ -13,35 +14,50 @@ import collections
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
+from appliance.clock import Clock, RealClock
 from appliance.errors import Overloaded
 
-__all__ = ["SENDER_SHARE", "ByteBudget", "Senders"]
+__all__ = ["ACTIVE_S", "SENDER_SHARE", "ByteBudget", "Senders"]
 
-#: NOTE (sender share): a sender that already has a file in flight is refused (or, on a stream, waits) at this
-#: fraction of the shared bounds -- requests waiting for a worker and inbox slots (``batcher.queue_capacity``),
-#: payload bytes in flight (``server.inflight_bytes``); the rest is kept for senders with nothing in flight, so
-#: one client's flood cannot shut every other client out.
+#: NOTE (sender share): while another sender is active, a sender that already has a file in flight is refused
+#: (or, on a stream, waits) at this fraction of the shared bounds -- requests waiting for a worker and inbox slots
+#: (``batcher.queue_capacity``), payload bytes in flight (``server.inflight_bytes``); the rest is kept for senders
+#: with nothing in flight, so one client's flood cannot shut every other client out. A client alone has all of
+#: them; a client refused because another filled everything is active from then on, and its retry finds room.
 SENDER_SHARE = 0.75
+#: Seconds a sender counts as active after its last request arrived (or while it has one in flight).
+ACTIVE_S = 5.0
 
 
 class Senders:
-    """Requests in flight per sender (the gRPC peer; "" = unknown, never limited by share)."""
+    """Requests in flight and last arrival per sender (the gRPC peer; "" = unknown, never limited by share)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or RealClock()
         self._in_flight: collections.Counter[str] = collections.Counter()
+        self._seen: dict[str, float] = {}  # last arrival, monotonic
 
     def share(self, source: str, *, counted: bool = False) -> float:
         """The fraction of a shared bound a request of ``source`` may fill.
 
         :data:`SENDER_SHARE` while the sender has another request in flight (``counted``: this request is already
-        counted), else all of it.
+        counted) and some other sender is active; else all of it.
         """
         others = self._in_flight[source] - (1 if counted else 0)
-        return SENDER_SHARE if source and others > 0 else 1.0
+        if not source or others <= 0:
+            return 1.0
+        now = self.clock.monotonic()
+        active = any(s != source and (self._in_flight[s] or now - t < ACTIVE_S) for s, t in self._seen.items())
+        return SENDER_SHARE if active else 1.0
 
     @contextlib.contextmanager
     def count(self, source: str) -> Iterator[None]:
-        """Count one request of ``source`` in flight for the duration."""
+        """Count one request of ``source`` in flight for the duration (and note its arrival)."""
+        now = self.clock.monotonic()
+        for s in [s for s, t in self._seen.items() if now - t >= ACTIVE_S and not self._in_flight[s]]:
+            del self._seen[s]  # forget senders long gone, so the table stays as small as the active set
+        if source:
+            self._seen[source] = now
         self._in_flight[source] += 1
         try:
             yield

@@ -149,7 +149,7 @@ class RequestPath:
         self._validate_request_id = validate_request_id
         self._on_finished = on_finished  # (final gRPC code name, total seconds if OK): metrics, any protocol
         self._budget = ByteBudget(limits.inflight_bytes)
-        self._senders = Senders()  # requests in flight per sender: who gets the whole of a shared bound
+        self._senders = Senders(clock)  # requests in flight per sender: who gets the whole of a shared bound
         self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
         self.live = True
 

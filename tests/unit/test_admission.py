@@ -1,5 +1,5 @@
-"""Admission's shared bounds: a sender already in flight gets only SENDER_SHARE of the byte budget (and of the
-other bounds, through Senders.share)."""
+"""Admission's shared bounds: while another sender is active, one already in flight gets only SENDER_SHARE of the
+byte budget (and of the other bounds, through Senders.share)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
+from appliance.clock import ManualClock
 from appliance.errors import Overloaded
-from appliance.serving.admission import SENDER_SHARE, ByteBudget, Senders
+from appliance.serving.admission import ACTIVE_S, SENDER_SHARE, ByteBudget, Senders
 
 
 def test_a_sender_already_in_flight_is_refused_at_its_share_and_a_newcomer_is_not() -> None:
@@ -50,16 +51,25 @@ def test_a_waiting_sender_waits_for_its_share() -> None:
     asyncio.run(run())
 
 
-def test_senders_share_counts_the_others_in_flight_and_forgets_a_finished_sender() -> None:
-    senders = Senders()
-    assert senders.share("ipv4:10.0.0.1:5000") == 1.0
-    with senders.count("ipv4:10.0.0.1:5000"):
-        assert senders.share("ipv4:10.0.0.1:5000") == SENDER_SHARE  # a second request from it
-        assert senders.share("ipv4:10.0.0.1:5000", counted=True) == 1.0  # this one is the only one
-        assert senders.share("ipv4:10.0.0.2:5000") == 1.0  # another sender
-        with pytest.raises(RuntimeError), senders.count("ipv4:10.0.0.1:5000"):
-            assert senders.share("ipv4:10.0.0.1:5000", counted=True) == SENDER_SHARE
-            raise RuntimeError("a failed request is uncounted too")
+def test_senders_share_applies_only_while_another_sender_is_active() -> None:
+    clock = ManualClock(100.0)
+    senders = Senders(clock)
+    a, b = "ipv4:10.0.0.1:5000", "ipv4:10.0.0.2:5000"
+    assert senders.share(a) == 1.0
+    with senders.count(a):
+        assert senders.share(a) == 1.0  # alone: a client may use every bound
+        with senders.count(b):
+            assert senders.share(a) == SENDER_SHARE  # another client is in flight
+            assert senders.share(b, counted=True) == 1.0  # its first request: nothing else of its own in flight
+            assert senders.share(b) == SENDER_SHARE  # a second one, with a in flight
+            with pytest.raises(RuntimeError), senders.count(b):
+                assert senders.share(b, counted=True) == SENDER_SHARE
+                raise RuntimeError("a failed request is uncounted too")
+        clock.advance(ACTIVE_S - 0.1)
+        assert senders.share(a) == SENDER_SHARE  # b was seen lately (refused, or answered): still active
+        clock.advance(0.2)
+        assert senders.share(a) == 1.0  # b has gone quiet
         assert senders.share("", counted=False) == 1.0  # an unknown sender is never limited
-    assert senders.share("ipv4:10.0.0.1:5000") == 1.0
+    with senders.count(a):  # arriving again forgets the senders long gone
+        assert list(senders._seen) == [a]
     assert not senders._in_flight

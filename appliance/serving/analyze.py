@@ -229,34 +229,18 @@ class RequestPath:
         deadline = t0 + (time_remaining if time_remaining is not None else self.limits.default_deadline_s)
         share = self._senders.share(source)  # 1.0, or SENDER_SHARE for a sender already in flight
         with self._senders.count(source):
-            return await self._analyze_admitted(dicom, t0, rid, name, priority, deadline, admit_frames,
-                                                wait_for_budget, source, share)
+            async with self._budget.hold(len(dicom), wait=wait_for_budget, share=share):
+                loop = asyncio.get_running_loop()
+                done = _new_future(loop)
+                request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
 
-    async def _analyze_admitted(
-        self,
-        dicom: bytes,
-        t0: float,
-        rid: str,
-        name: str,
-        priority: Priority,
-        deadline: float,
-        admit_frames: Callable[[int], Awaitable[None]] | None,
-        wait_for_budget: bool,
-        source: str,
-        share: float,
-    ) -> Analysis:
-        async with self._budget.hold(len(dicom), wait=wait_for_budget, share=share):
-            loop = asyncio.get_running_loop()
-            done = _new_future(loop)
-            request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
+                def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
+                    return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames, source)
 
-            def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
-                return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames, source)
-
-            job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
-            await self._queue_room(deadline, wait=wait_for_budget, share=share)
-            self.pool.submit(job)
-            await self._wait(done, request, job)
+                job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
+                await self._queue_room(deadline, wait=wait_for_budget, share=share)
+                self.pool.submit(job)
+                await self._wait(done, request, job)
         return self._analysis(request, t0)
 
     async def infer(

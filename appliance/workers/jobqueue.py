@@ -68,10 +68,11 @@ class JobQueue(Generic[J]):
     def remove(self, job: J) -> bool:
         """Drop ``job`` if it is queued; True if it was."""
         sources = self._classes[job.priority]
-        jobs = sources.get(job.source)
-        if jobs is None or job not in jobs:
+        jobs = sources.get(job.source, collections.deque())
+        try:
+            jobs.remove(job)
+        except ValueError:
             return False
-        jobs.remove(job)
         if not jobs:
             del sources[job.source]
         self._count -= 1

@@ -442,6 +442,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     @staticmethod
     def _wanted(request: oip.ModelInferRequest, view: str, names: list[str]) -> list[str]:
         """The requested outputs (all when none are named); unknown or repeated names are refused."""
+        _refuse_extensions(request)
         wanted = [o.name for o in request.outputs] or names
         unknown = [w for w in wanted if w not in names]
         if unknown:
@@ -463,6 +464,28 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         return status_pb2.Status(
             code=grpc.StatusCode.INTERNAL.value[0], message=f"internal error: {type(error).__name__}"
         )
+
+
+_SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def _refuse_extensions(request: oip.ModelInferRequest) -> None:
+    """Refuse tensor parameters of the shared-memory and classification extensions, which are not offered.
+
+    Ignoring them would answer in a form the client did not ask for: raw contents instead of its shared-memory
+    region, scores instead of ``value:index`` strings. ServerMetadata does not list either extension.
+    """
+    for tensor in request.inputs:
+        if any(key in tensor.parameters for key in _SHARED_MEMORY_KEYS):
+            raise InputError(f"input {tensor.name!r} is sent in a shared-memory region: this server does not offer "
+                             "the shared-memory extension; send it in raw_input_contents", field=tensor.name)
+    for out in request.outputs:
+        if any(key in out.parameters for key in _SHARED_MEMORY_KEYS):
+            raise InputError(f"output {out.name!r} is requested in a shared-memory region: this server does not "
+                             "offer the shared-memory extension; it answers in raw_output_contents", field="outputs")
+        if "classification" in out.parameters:
+            raise InputError(f"output {out.name!r} is requested as a classification: this server does not offer "
+                             "the classification extension; request the tensor itself", field="outputs")
 
 
 def add_to_server(server: grpc.aio.Server, analyzer: Analyzer) -> OipServicer:

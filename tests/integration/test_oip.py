@@ -258,10 +258,23 @@ def test_dicom_view_error_names_the_element_of_a_batch(stub) -> None:
     assert e.value.details().startswith("dicom[1]: ") and "DICOM" in e.value.details(), e.value.details()
 
 
-@pytest.mark.parametrize("case", ["unknown-output", "repeated-output", "raw-and-typed"])
+@pytest.mark.parametrize("case", ["unknown-output", "repeated-output", "raw-and-typed", "shm-input", "shm-output",
+                                  "classification"])
 def test_malformed_requests_are_refused_before_anything_is_computed(stub, served, case: str) -> None:
     request = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
-    if case == "unknown-output":
+    if case == "shm-input":  # as tritonclient's InferInput.set_shared_memory() sends it
+        request.inputs[0].parameters["shared_memory_region"].string_param = "input_region"
+        request.inputs[0].parameters["shared_memory_byte_size"].int64_param = 262144
+        needle = "input 'image' is sent in a shared-memory region"
+    elif case == "shm-output":  # InferRequestedOutput.set_shared_memory()
+        out = request.outputs.add(name="heatmap")
+        out.parameters["shared_memory_region"].string_param = "output_region"
+        out.parameters["shared_memory_byte_size"].int64_param = 1024
+        needle = "output 'heatmap' is requested in a shared-memory region"
+    elif case == "classification":  # InferRequestedOutput(name, class_count=1)
+        request.outputs.add(name="prob").parameters["classification"].int64_param = 1
+        needle = "output 'prob' is requested as a classification"
+    elif case == "unknown-output":
         request.outputs.add(name="bogus")
         needle = "unexpected inference output 'bogus'"
     elif case == "repeated-output":

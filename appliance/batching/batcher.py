@@ -43,7 +43,8 @@ class Batcher(Inbox):
     """The inbox plus the engine loop that owns the engine. See the module docstring.
 
     Threads start in :meth:`start`, never in the constructor. ``stage_lock`` (sequential mode) is held around
-    every engine run; the worker pool holds the same lock around every frame it decodes, so nothing overlaps.
+    every engine run; the worker pool holds the same lock around every file it parses and every frame it decodes,
+    so no preprocessing overlaps an engine run or another file's preprocessing.
     """
 
     def __init__(

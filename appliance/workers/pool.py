@@ -92,7 +92,7 @@ class WorkerPool:
         batcher: Any,  # appliance.batching.batcher.Batcher: frame_ready / frame_failed / begin_frame
         clock: Clock | None = None,
         on_restart: Callable[[str], None] | None = None,
-        stage_lock: threading.Lock | None = None,  # sequential mode: held while a frame is decoded
+        stage_lock: threading.Lock | None = None,  # sequential mode: held while a file is parsed or a frame decoded
     ) -> None:
         self.spec = spec
         self.config = config
@@ -330,7 +330,8 @@ class WorkerPool:
         assert conn is not None
         index, worker = self._proc_for()
         data, job.data = job.data, None
-        with self._step(index):
+        lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
+        with lock, self._step(index):  # sequential mode: parsing is preprocessing too
             try:
                 conn.send(("parse", job.id, job.pipeline))
                 conn.send_bytes(data or b"")

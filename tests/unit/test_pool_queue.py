@@ -1,10 +1,11 @@
-"""The worker pool's queue, without worker processes: INTERACTIVE first, cancelled and expired jobs skipped."""
+"""The worker pool without worker processes: its queue (INTERACTIVE first, cancelled and expired jobs skipped,
+senders in turn) and, in sequential mode, the stage lock around each step of a job's conversation."""
 
 from __future__ import annotations
 
 import threading
 
-from appliance.batching.work import Priority, Request
+from appliance.batching.work import ItemState, Priority, Request, WorkItem
 from appliance.clock import ManualClock
 from appliance.config import WorkersConfig
 from appliance.errors import ApplianceError, DeadlineExceeded
@@ -83,3 +84,46 @@ def test_a_flooding_sender_waits_its_turn_behind_a_later_sender() -> None:
     assert order == ["flood0", "lone", "flood1"]
     pool.cancel(lone)  # already taken: nothing queued changes
     assert pool.statistics().queued == 4
+
+
+class _Pipe:
+    """The daemon's end of a worker pipe that answers at once and records whether ``lock`` was held at each send."""
+
+    def __init__(self, lock: threading.Lock, replies: list[tuple[object, ...]]) -> None:
+        self.lock, self.replies = lock, replies
+        self.sent: list[tuple[object, bool]] = []
+
+    def send(self, msg: tuple[object, ...]) -> None:
+        self.sent.append((msg[0], self.lock.locked()))
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sent.append(("bytes", self.lock.locked()))
+
+    def poll(self, timeout: float) -> bool:
+        return True
+
+    def recv(self) -> tuple[object, ...]:
+        return self.replies.pop(0)
+
+
+class _Batcher:
+    def begin_frame(self, item: WorkItem) -> bool:
+        return True
+
+    def frame_ready(self, item: WorkItem, info: object, ms: float) -> None:
+        item.state = ItemState.READY
+
+
+def test_sequential_mode_holds_the_stage_lock_while_a_file_is_parsed_and_while_a_frame_is_decoded() -> None:
+    lock = threading.Lock()
+    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=_Batcher(),  # type: ignore[arg-type]
+                      clock=ManualClock(), stage_lock=lock)
+    pool._procs[0] = None  # type: ignore[assignment]  # _run only names it when retiring a worker
+    item = WorkItem(Request("r", "stub", Priority.BATCH, None, 0.0), 0, slot=3)
+    job = Job(item.request, b"DICM", "stub", admit=lambda n, uid: [item], fail=lambda e: None)
+    pipe = _Pipe(lock, [("parsed", job.id, 1, "1.2.3", 0), ("frame", job.id, None, 1.0, 0)])
+    runner = threading.Thread(target=pool._run, args=(pipe, job), name="worker-0")
+    runner.start()
+    runner.join(5)
+    assert pipe.sent == [("parse", True), ("bytes", True), ("frame", True), ("drop", False)]
+    assert item.state == ItemState.READY

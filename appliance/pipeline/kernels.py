@@ -7,6 +7,8 @@ their names, signatures or numerics. :func:`resize_area_into` is the allocation-
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from PIL import Image
 
@@ -60,40 +62,59 @@ def resize_area(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 # frame state and steps
 
 
-def _halve_into(src: np.ndarray, dst: np.ndarray) -> None:
-    """2 x 2 block mean as ``(a00 + a01) + (a10 + a11)``, divided by 4: numpy's own reduction order."""
-    np.add(src[0::2, 0::2], src[0::2, 1::2], out=dst)
-    tmp = np.add(src[1::2, 0::2], src[1::2, 1::2])
-    np.add(dst, tmp, out=dst)
-    np.true_divide(dst, np.float32(4), out=dst)
+def _bin_into(src: np.ndarray, dst: np.ndarray, fy: int, fx: int) -> None:
+    """Write the ``fy x fx`` block means of ``src`` into ``dst`` in numpy's own summation order for short rows.
+
+    Each block row is summed left to right, the row sums are added top to bottom, and the total is divided by
+    ``fy * fx`` (for 2 x 2: ``(a00 + a01) + (a10 + a11)``).
+    """
+    tmp = np.empty_like(dst) if fy > 1 else dst
+    for y in range(fy):
+        acc = dst if y == 0 else tmp
+        if fx == 1:
+            np.copyto(acc, src[y::fy, ::1])
+        else:
+            np.add(src[y::fy, 0::fx], src[y::fy, 1::fx], out=acc)
+        for x in range(2, fx):
+            np.add(acc, src[y::fy, x::fx], out=acc)
+        if y:
+            np.add(dst, tmp, out=dst)
+    np.true_divide(dst, np.float32(fy * fx), out=dst)
 
 
-def _halving_matches_kernel() -> bool:
-    """Return True when :func:`_halve_into` is bit-identical to :func:`resize_area` with this numpy."""
-    probe = np.random.default_rng(20240101).standard_normal((128, 96)).astype(np.float32) * np.float32(1000)
-    out = np.empty((64, 48), np.float32)
-    _halve_into(probe, out)
-    return bool(np.array_equal(out, resize_area(probe, (64, 48))))
+@functools.lru_cache(maxsize=64)
+def _binning_matches_kernel(fy: int, fx: int, rows: int, cols: int) -> bool:
+    """Return True when :func:`_bin_into` is bit-identical to :func:`resize_area` for these block factors.
+
+    Checked once per (factors, output size up to 64 x 64) on a random probe (numpy's reduction order is not an
+    API; it changes with the block's row length, e.g. pairwise summation from 8 elements on). The probe stays
+    small whatever the image, so no input can make the check itself expensive.
+    """
+    rows, cols = min(rows, 64), min(cols, 64)
+    probe = np.random.default_rng(20240101).standard_normal((rows * fy, cols * fx)).astype(np.float32)
+    probe *= np.float32(1000)
+    out = np.empty((rows, cols), np.float32)
+    _bin_into(probe, out, fy, fx)
+    return bool(np.array_equal(out, resize_area(probe, (rows, cols))))
 
 
-# NOTE(preprocess): np.mean over the block axes costs ~2 ms for 512 -> 256, the largest step on the hot path;
-# four strided adds cost ~0.2 ms. They are used only if they reproduce the kernel bit for bit here (numpy's
-# reduction order is not an API), checked once at import and by tests/unit/test_preprocess.py.
-_FAST_HALVING = _halving_matches_kernel()
+# NOTE(preprocess): np.mean over the block axes costs ~2 ms for 512 -> 256 and ~4 ms for 1024 -> 256, the largest
+# step on the hot path; the strided adds of _bin_into cost ~0.2 / ~0.5 ms. They are used only for shapes where
+# they reproduce the kernel bit for bit (checked once per block size, and by tests/unit/test_preprocess.py).
 
 
 def resize_area_into(src: np.ndarray, dst: np.ndarray) -> None:
     """Write ``resize_area(src, dst.shape)`` into ``dst`` (2-D float32) without an intermediate array.
 
-    Bit-identical to :func:`resize_area`: the integer-factor branch is the same reduction with ``out=`` (or
-    the verified fast halving), and other sizes go through :func:`resize_area` itself.
+    Bit-identical to :func:`resize_area`: the integer-factor branch is the verified strided binning or the
+    same reduction with ``out=``, and other sizes go through :func:`resize_area` itself.
     """
     rows, cols = dst.shape
     h, w = src.shape
     if (h, w) == (rows, cols):
         np.copyto(dst, src)
-    elif _FAST_HALVING and (h, w) == (2 * rows, 2 * cols):
-        _halve_into(src, dst)
+    elif h % rows == 0 and w % cols == 0 and _binning_matches_kernel(h // rows, w // cols, rows, cols):
+        _bin_into(src, dst, h // rows, w // cols)
     elif h % rows == 0 and w % cols == 0:
         np.mean(src.reshape(rows, h // rows, cols, w // cols), axis=(1, 3), dtype=np.float32, out=dst)
     else:

@@ -25,6 +25,7 @@ from pydicom.uid import JPEGLSNearLossless
 
 from appliance.dicom import parse
 from appliance.errors import ConfigError, NotApplicable
+from appliance.pipeline import kernels
 from appliance.pipeline.kernels import resize_area, resize_area_into, window_to_unit
 from appliance.pipeline.loader import load_pipeline, load_pipelines
 from appliance.pipeline.steps import STEPS
@@ -175,13 +176,23 @@ def test_monochrome1_cr_comes_out_inverted(tmp_path):
 
 @pytest.mark.parametrize(
     ("src", "dst"),
-    [((512, 512), (256, 256)), ((384, 384), (256, 256)), ((256, 256), (256, 256)), ((100, 60), (64, 64))],
+    [((512, 512), (256, 256)), ((384, 384), (256, 256)), ((256, 256), (256, 256)), ((100, 60), (64, 64)),
+     ((768, 768), (256, 256)), ((1024, 1024), (256, 256)), ((512, 1024), (256, 256)), ((768, 512), (256, 256)),
+     ((2048, 2048), (256, 256)), ((256, 512), (256, 256))],
 )
 def test_resize_into_slot_is_bit_identical_to_resize_area(src, dst):
-    image = np.random.default_rng(0).random(src, dtype=np.float32)
+    image = np.random.default_rng(0).standard_normal(src).astype(np.float32) * np.float32(1000)
     out = np.empty(dst, np.float32)
     resize_area_into(image, out)
     np.testing.assert_array_equal(out, resize_area(image, dst))
+
+
+@pytest.mark.parametrize("factors", [(2, 2), (3, 3), (4, 4), (2, 4), (1, 2)])
+def test_integer_factor_resizes_take_the_strided_path_with_this_numpy(factors):
+    # The fast path is used only where it is bit-identical; this says when a numpy upgrade loses it (then the
+    # slot is written by np.mean: still correct, ~10x slower: docs/performance.md).
+    fy, fx = factors
+    assert kernels._binning_matches_kernel(fy, fx, 256, 256)
 
 
 @pytest.mark.parametrize("size", [512, 384])

@@ -1,9 +1,9 @@
 """Bytes-to-slot cost of uncompressed 512x512 CT in one process: thread CPU per file, then a cProfile listing.
 
-    python bench/preprocess_profile.py [N_FILES] [REPS]
+    python bench/preprocess_profile.py [N_FILES] [REPS] [SIZE=512]
 
 The same calls a worker makes (``dicom.parse`` + ``Pipeline.check`` + ``Pipeline.run`` into a slot), on synthetic
-Explicit VR Little Endian slices. docs/performance.md quotes its first line.
+Explicit VR Little Endian slices of SIZE x SIZE pixels. docs/performance.md quotes its first line.
 """
 
 import cProfile
@@ -20,9 +20,10 @@ from appliance.tools import synthetic
 
 n_files = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 50
+size = int(sys.argv[3]) if len(sys.argv) > 3 else 512
 repo = Path(__file__).resolve().parents[1]
 pipeline = load_pipelines(repo / "pipelines", repo / "models")["ct-nodule"]
-files = [synthetic.to_dicom(synthetic.generate_slice(s, size=512)) for s in range(n_files)]
+files = [synthetic.to_dicom(synthetic.generate_slice(s, size=size)) for s in range(n_files)]
 slot = np.zeros(pipeline.input_shape, np.float32)
 
 
@@ -38,7 +39,8 @@ t0 = time.thread_time()
 for _ in range(reps):
     for data in files:
         one(data)
-print(f"bytes to slot: {(time.thread_time() - t0) / (reps * n_files) * 1000:.3f} ms per file (thread CPU)")
+per_file_ms = (time.thread_time() - t0) / (reps * n_files) * 1000
+print(f"bytes to slot, {size}x{size}: {per_file_ms:.3f} ms per file (thread CPU)")
 profile = cProfile.Profile()
 profile.enable()
 for _ in range(max(1, reps // 5)):

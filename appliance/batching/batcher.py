@@ -70,9 +70,12 @@ class Batcher(Inbox):
         self._running: list[WorkItem] = []  # the batches on the engine now (engine thread only)
         self._in_flight: collections.deque[InFlight] = collections.deque()
         self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
-        # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): a batch
-        # launched then may use the engine's burst threads (Engine.set_burst; the rule is policy.may_burst).
+        # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): one input of
+        # the rule for the engine's burst threads (Engine.set_burst; the rule is policy.may_burst).
         self.preprocessing_idle: Callable[[], bool] = lambda: False
+        # Cores the preprocessing has while a batch runs on the engine's own threads (the app wires the smaller of
+        # the worker count and the cores the engine leaves): the burst rule weighs the expected decoding by it.
+        self.preprocess_cores = 1
 
     # ---- the engine thread ------------------------------------------------------------------------------
 
@@ -197,8 +200,10 @@ class Batcher(Inbox):
             for item in items:
                 self._release(item)
             self._cond.notify_all()
-            rate = self._arrival_rate(self.clock.monotonic())
+            rate = self._arrival_rate(self.clock.monotonic(), decoded=True)
             backlog = len(self._ready)  # decoded frames already waiting for the engine beyond this batch
+            coming = self._coming()
+            preprocess_s = self.preprocess_s_estimate
         self._running = [*self._running, *items]
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
@@ -206,7 +211,8 @@ class Batcher(Inbox):
             self.engine.set_burst(may_burst(sequential=self.stage_lock is not None,
                                             preprocessing_idle=self.preprocessing_idle(),
                                             arrival_rate=rate, batch_s=self.batch_s_estimate,
-                                            backlog=backlog, batch_size=self.batch_size))
+                                            backlog=backlog, batch_size=self.batch_size, coming=coming,
+                                            preprocess_s=preprocess_s, cores=self.preprocess_cores))
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
             self._in_flight.append((ticket, items, t0))

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds of admissions the arrival rate (read by the launch policy) is measured over.
 ARRIVAL_WINDOW_S = 1.0
+#: Weight of the newest frame in the moving mean of the workers' time per frame.
+PREPROCESS_EWMA = 0.02
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,11 @@ class Inbox:
         self._peak = 0
         self._rejected = 0
         self._unfinished = 0  # admitted frames not yet finished (running ones included)
-        self._arrivals: collections.deque[tuple[float, int]] = collections.deque()  # (time, frames) admitted
+        # (time, frames, frames a worker preprocesses) admitted
+        self._arrivals: collections.deque[tuple[float, int, int]] = collections.deque()
         self._arrived = 0  # frames in _arrivals
+        self._arrived_decoded = 0  # ... of them not tensor rows
+        self.preprocess_s_estimate = 0.0  # moving mean of a frame's time in a worker (0 until the first frame)
 
     @property
     def slots(self) -> np.ndarray:
@@ -198,16 +203,23 @@ class Inbox:
             for item in request.items:
                 item.slot = self._free.popleft()
             self._unfinished += n
-            self._arrivals.append((now, n))
+            decoded = n if request.pipeline else 0  # frames a worker will preprocess (tensors need none)
+            self._arrivals.append((now, n, decoded))
             self._arrived += n
+            self._arrived_decoded += decoded
             self._requests.add(request)
             self._peak = max(self._peak, cap - len(self._free))
 
-    def _arrival_rate(self, now: float) -> float:
-        """Frames admitted per second over the last :data:`ARRIVAL_WINDOW_S`. Called under the lock."""
+    def _arrival_rate(self, now: float, *, decoded: bool = False) -> float:
+        """Frames admitted per second over the last :data:`ARRIVAL_WINDOW_S`. Called under the lock.
+
+        ``decoded``: count only the frames a worker preprocesses, not tensor rows.
+        """
         while self._arrivals and self._arrivals[0][0] < now - ARRIVAL_WINDOW_S:
-            self._arrived -= self._arrivals.popleft()[1]
-        return self._arrived / ARRIVAL_WINDOW_S
+            _, n, d = self._arrivals.popleft()
+            self._arrived -= n
+            self._arrived_decoded -= d
+        return (self._arrived_decoded if decoded else self._arrived) / ARRIVAL_WINDOW_S
 
     def count_rejection(self, reason: str) -> None:
         """Count an admission refused before it reached the inbox (e.g. the worker queue was full)."""
@@ -226,10 +238,19 @@ class Inbox:
             item.state = ItemState.PREPROCESSING
             return True
 
-    def frame_ready(self, item: WorkItem, frame_info: FrameInfo | None, preprocess_ms: float) -> None:
-        """``item``'s slot now holds its model input."""
+    def frame_ready(self, item: WorkItem, frame_info: FrameInfo | None, preprocess_ms: float,
+                    parse_ms: float = 0.0) -> None:
+        """``item``'s slot now holds its model input.
+
+        ``preprocess_ms`` is the worker's time for the frame; ``parse_ms`` its file's parse, given with the file's
+        first frame.
+        """
         item.frame_info = frame_info
         item.preprocess_ms = preprocess_ms
+        with self._cond:  # a moving mean of a frame's time in a worker, parse included (the burst rule reads it)
+            seen = (preprocess_ms + parse_ms) / 1000.0
+            old = self.preprocess_s_estimate
+            self.preprocess_s_estimate = seen if old == 0.0 else old + PREPROCESS_EWMA * (seen - old)
         self._settle(item, None)
 
     def frame_failed(self, item: WorkItem, error: ApplianceError) -> None:

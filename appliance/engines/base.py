@@ -139,9 +139,9 @@ class Engine(abc.ABC):
     def set_burst(self, on: bool) -> None:  # noqa: B027 - optional hook
         """Run the next batches with the burst thread pool (True) or the normal one (default: ignored).
 
-        The batcher calls it before each batch with :func:`appliance.batching.policy.may_burst` (preprocessing
-        idle, and no frame expected during the batch or a further full batch waiting); only a CPU backend with
-        ``burst_threads`` above its intra-op threads acts on it.
+        The batcher calls it before each batch with :func:`appliance.batching.policy.may_burst` (the
+        preprocessing expected during the batch leaves a core idle for most of it, or a further full batch waits
+        while no worker is busy); only a CPU backend with ``burst_threads`` above its intra-op threads acts on it.
         """
 
     def warmup(self, runs: int = 2) -> None:

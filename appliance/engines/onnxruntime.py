@@ -272,7 +272,7 @@ class _OrtEngine(Engine):
             _renice(self.burst_tids, _BURST_NICE)
         self._bind()
         log.info("engine loaded: %s %s on %s%s", self.manifest.name, self.precision, self.backend,
-                 f" (burst: {burst} threads while preprocessing is idle)" if self._wide is not None else "")
+                 f" (burst: {burst} threads while preprocessing leaves cores idle)" if self._wide is not None else "")
 
     def set_burst(self, on: bool) -> None:
         """Run the next batches on the burst session when there is one (see :meth:`Engine.set_burst`)."""

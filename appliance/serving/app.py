@@ -134,6 +134,8 @@ class App:
         )
         self.batcher.parsing = self.pool.unadmitted
         self.batcher.preprocessing_idle = self.pool.idle
+        self.batcher.preprocess_cores = min(self.pool.workers,
+                                            max(1, usable_cores() - config.engine.intra_op_threads))
         # the one request path, which every protocol front end calls
         self.path = RequestPath(
             model=ModelInfo(

@@ -3,7 +3,7 @@
 One worker runs one request at a time, driven by its supervisor thread in the daemon over a duplex pipe
 (:mod:`appliance.workers.pool`). Messages, daemon -> worker::
 
-    ("parse", job_id, pipeline_name) + send_bytes(dicom)   -> ("parsed", job_id, n_frames, sop_uid, rss)
+    ("parse", job_id, pipeline_name) + send_bytes(dicom)   -> ("parsed", job_id, n_frames, sop_uid, rss, ms)
     ("frame", job_id, frame_index, slot)                    -> ("frame", job_id, frame_info, ms, rss)
     ("drop", job_id)                                        -> (no reply: forget the parsed instance)
     ("stop",)                                               -> (exit 0)
@@ -178,6 +178,7 @@ class _Worker:
 
     def _parse(self, job: int, pipeline_name: str) -> tuple[Any, ...]:
         data = self.conn.recv_bytes()
+        t0 = time.perf_counter()
         self.job, self.instance, self.pipeline = job, None, None
         pipeline = self.pipelines.get(pipeline_name)
         if pipeline is None:
@@ -186,7 +187,8 @@ class _Worker:
         del data
         pipeline.check(instance)
         self.job, self.instance, self.pipeline = job, instance, pipeline
-        return ("parsed", job, instance.number_of_frames, instance.sop_instance_uid, _rss_bytes())
+        return ("parsed", job, instance.number_of_frames, instance.sop_instance_uid, _rss_bytes(),
+                (time.perf_counter() - t0) * 1000.0)
 
     def _frame(self, job: int, index: int, slot: int) -> tuple[Any, ...]:
         if job != self.job or self.instance is None or self.pipeline is None:

@@ -348,7 +348,7 @@ class WorkerPool:
         if msg[0] == "error":
             job.fail(decode_error(msg[2]))
             return int(msg[3])
-        _, _, n_frames, sop_uid, rss = msg
+        _, _, n_frames, sop_uid, rss, parse_ms = msg
         if job.cancelled:
             job.fail(Unavailable("client cancelled", reason="CANCELLED"))
             self._send(conn, worker, index, ("drop", job.id))
@@ -361,7 +361,7 @@ class WorkerPool:
             return int(rss)
         for i, item in enumerate(items):
             try:
-                rss = self._frame(conn, worker, index, job, item)
+                rss = self._frame(conn, worker, index, job, item, parse_ms if i == 0 else 0.0)
             except _WorkerLost as lost:
                 self.batcher.frame_failed(item, lost.error)
                 rest = Unavailable("not decoded: the worker was replaced on an earlier frame", reason="DECODER_LOST")
@@ -381,7 +381,7 @@ class WorkerPool:
                                                     field="dicom.PixelData")) from None
 
     def _frame(self, conn: Connection, worker: multiprocessing.process.BaseProcess, index: int, job: Job,
-               item: WorkItem) -> int:
+               item: WorkItem, parse_ms: float) -> int:
         if not self.batcher.begin_frame(item):  # cancelled or expired meanwhile
             return 0
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
@@ -392,7 +392,7 @@ class WorkerPool:
             self.batcher.frame_failed(item, decode_error(msg[2]))
             return int(msg[3])
         _, _, info, ms, rss = msg
-        self.batcher.frame_ready(item, info, ms)
+        self.batcher.frame_ready(item, info, ms, parse_ms)
         return int(rss)
 
     @contextlib.contextmanager

@@ -67,6 +67,6 @@ def test_a_lone_request_runs_on_the_burst_threads(server) -> None:
     engine = app.app.engine.chosen  # behind backend = "auto"
     before = engine.burst_batches
     data = synthetic.to_dicom(synthetic.generate_slice(9200, size=512))
-    for _ in range(3):  # one client, one slice at a time: no worker is busy when its batch launches
+    for _ in range(3):  # one client, one slice at a time: nothing else to preprocess while its batch runs
         stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30)
     assert engine.burst_batches - before >= 2

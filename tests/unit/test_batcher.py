@@ -69,6 +69,7 @@ class Harness:
         self.batcher.batch_s_estimate = 0.01
         self.answered: list[Request] = []
         self._n = 0
+        self.pre_ms = 0.1  # what the played worker reports per frame (the burst rule's estimate learns it)
 
     def admit(self, values: list[float], priority: Priority = Priority.INTERACTIVE,
               deadline_in: float | None = None) -> Request:
@@ -90,7 +91,7 @@ class Harness:
                 self.batcher.frame_failed(item, DicomError("(7FE0,0010) Pixel Data: bad", field="dicom.PixelData"))
                 continue
             self.batcher.slots[item.slot][...] = req.instance[item.frame_index]
-            self.batcher.frame_ready(item, None, 0.1)
+            self.batcher.frame_ready(item, None, self.pre_ms)
 
     def submit(self, values: list[float], priority: Priority = Priority.INTERACTIVE,
                deadline_in: float | None = None) -> Request:
@@ -317,28 +318,56 @@ def test_sequential_mode_holds_the_stage_lock_around_the_engine_and_computes_the
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_batches_use_the_burst_threads_only_while_preprocessing_is_idle(fake_manifest, overlap):
+def test_batches_burst_only_while_the_workers_leave_a_core_idle_for_most_of_the_batch(fake_manifest, overlap):
     h = Harness(fake_manifest, overlap=overlap)
-    idle = [True]
-    h.batcher.preprocessing_idle = lambda: idle[0]
-    h.submit([0.5])
+    h.submit([0.5])  # a lone frame: nothing else to preprocess
     h.settle()
-    idle[0] = False  # a worker is decoding the next request
-    h.submit([0.5])
-    h.settle()
-    idle[0] = True
     h.engine.latency_s = 0.05  # slept on the manual clock
-    reqs = []
-    for _ in range(40):  # 4 frames every 60 ms (one 50 ms batch + 10 ms): 3.3 expected during a batch
-        reqs.extend(h.submit([0.5]) for _ in range(4))
-        h.batcher.step(block=False)
-        h.clock.advance(0.01)
-    h.settle()
-    assert all(r.error is None for r in reqs)
+
+    def stream(pre_ms: float) -> list[bool]:
+        """4 frames every 60 ms (one 50 ms batch + 10 ms): 3.3 arrive during each batch; bursts of the last 10."""
+        h.pre_ms = pre_ms
+        start = len(h.engine.bursts)
+        reqs = []
+        for _ in range(40):
+            reqs.extend(h.submit([0.5]) for _ in range(4))
+            h.batcher.step(block=False)
+            h.clock.advance(0.01)
+        h.settle()
+        assert all(r.error is None for r in reqs)
+        return h.engine.bursts[start:][-10:]
+
+    assert h.engine.bursts[0] is True
+    heavy = stream(30.0)  # 3.3 frames x 30 ms on one worker: 100 ms of a 50 ms batch
+    light = stream(1.0)  # 3.3 ms of 50: the core is idle for most of the batch
     # with overlap off nothing decodes while the engine runs (the stage lock), so every batch may burst
-    assert h.engine.bursts[:2] == ([True, False] if overlap else [True, True])
-    steady = h.engine.bursts[-20:]  # once the 1 s arrival window is full
-    assert not any(steady) if overlap else all(steady)
+    assert (not any(heavy) and all(light)) if overlap else (all(heavy) and all(light))
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_frames_admitted_and_not_yet_decoded_count_against_a_burst(fake_manifest, cores):
+    """4 ready frames launch while 4 more wait for a worker: 4 x 10 ms of decoding against a 50 ms batch is 80 %
+    of one core (no burst), 40 % of each of two (burst). Tensor rows need no worker and count for nothing."""
+    h = Harness(fake_manifest, queue_capacity=64)
+    h.batcher.preprocess_cores = cores
+    h.engine.latency_s = h.batcher.batch_s_estimate = 0.05
+    h.pre_ms = 10.0
+    h.submit([0.5])
+    h.settle()  # seeds the workers' time per frame: 10 ms
+    tensors = Request("t", "", Priority.INTERACTIVE, None, h.clock.monotonic(), n_frames=40)
+    h.batcher.reserve(tensors)  # 40 tensor rows just arrived (this inbox holds 64)
+    for item in tensors.items:
+        h.batcher.put_tensor(item, np.zeros(h.batcher.slots.shape[1:], np.float32))
+    h.settle()
+    start = len(h.engine.bursts)
+    ready = [h.submit([0.5]) for _ in range(4)]
+    waiting = [h.admit([0.5]) for _ in range(4)]
+    h.batcher.step(block=False)
+    assert h.engine.bursts[start] is (cores == 2)
+    for req in waiting:
+        h.decode(req)
+    h.settle()
+    assert all(r.error is None for r in [*ready, *waiting, tensors])
 
 
 @pytest.mark.parametrize("idle", [True, False])
@@ -349,10 +378,11 @@ def test_an_engine_bound_backlog_bursts_even_while_frames_keep_arriving(fake_man
     h.batcher.preprocessing_idle = lambda: idle
     h.engine.latency_s = 0.1
     h.batcher.batch_s_estimate = 0.1
-    reqs = [h.submit([0.5]) for _ in range(16)]  # 16 frames/s x 0.1 s = 1.6 expected during each batch
+    h.pre_ms = 100.0  # 16 frames/s x 0.1 s = 1.6 expected during each batch, 160 ms of work for the worker
+    reqs = [h.submit([0.5]) for _ in range(16)]
     h.settle()
     assert all(r.error is None for r in reqs)
-    # backlog after each launch (B = 4): 12, 8, 4 -> burst; 0 -> the arrival rate decides, and it is too high
+    # backlog after each launch (B = 4): 12, 8, 4 -> burst; 0 -> the expected work decides, and it is too much
     assert h.engine.bursts == ([True, True, True, False] if idle else [False] * 4)
 
 
@@ -363,6 +393,7 @@ def test_frames_still_to_be_decoded_are_no_engine_bound_backlog(fake_manifest):
     h.batcher.preprocessing_idle = lambda: True  # between two steps of a worker
     h.engine.latency_s = 0.1
     h.batcher.batch_s_estimate = 0.1
+    h.pre_ms = 100.0
     ready = [h.submit([0.5]) for _ in range(4)]
     waiting = [h.admit([0.5]) for _ in range(12)]  # 16 frames/s x 0.1 s: too many arrivals for a lone-client burst
     h.batcher.step(block=False)  # launches the 4 ready frames with 12 admitted but not decoded behind them

@@ -94,15 +94,27 @@ def test_never_more_than_b_and_never_an_empty_launch() -> None:
             assert d.wait_s > 0
 
 
-@pytest.mark.parametrize(("sequential", "idle", "rate", "backlog", "expected"), [
-    (False, True, 10.0, 0, True),  # a lone client: 10 frames/s x 40 ms = 0.4 expected during the batch
-    (False, True, 30.0, 0, False),  # Poisson at 30/s: 1.2 frames expected mid-batch, a worker would preempt it
-    (False, True, 30.0, 7, False),  # ... and the next batch is not full yet: the engine is not the bottleneck
-    (False, True, 200.0, 8, True),  # a full batch already waits for this one: the engine is the bottleneck
-    (False, False, 200.0, 16, False),  # a worker is decoding now
-    (False, False, 0.0, 0, False),
-    (True, False, 100.0, 0, True),  # sequential: nothing decodes while the engine runs
+@pytest.mark.parametrize(("sequential", "idle", "rate", "backlog", "coming", "pre_ms", "expected"), [
+    (False, True, 10.0, 0, 0, 25.0, True),  # a lone client: 0.4 frames x 25 ms in a 40 ms batch, one worker
+    (False, True, 30.0, 0, 0, 25.0, False),  # Poisson at 30/s: 1.2 frames x 25 ms = 30 ms, most of the batch
+    (False, False, 30.0, 0, 0, 1.5, True),  # ... of uncompressed slices: 1.8 ms of 40, though a worker is busy now
+    (False, False, 0.0, 8, 8, 1.5, True),  # a closed loop's other 8 requests, uncompressed: 12 ms of 40
+    (False, False, 0.0, 0, 8, 8.5, False),  # ... on the JPEG 2000 mix: 68 ms, the workers fill the batch
+    (False, True, 30.0, 7, 0, 25.0, False),  # the next batch is not full yet: the engine is not the bottleneck
+    (False, True, 200.0, 8, 0, 25.0, True),  # a full batch already waits for this one: the engine is the bottleneck
+    (False, False, 200.0, 16, 0, 25.0, False),  # ... but a worker is decoding now and more keep coming
+    (False, False, 0.0, 0, 0, 0.0, True),  # nothing to preprocess (or no estimate yet)
+    (True, False, 100.0, 0, 8, 25.0, True),  # sequential: nothing decodes while the engine runs
 ])
-def test_burst_only_when_no_core_will_be_wanted_for_preprocessing(sequential, idle, rate, backlog, expected) -> None:
+def test_burst_only_when_the_workers_leave_a_core_idle_for_most_of_the_batch(sequential, idle, rate, backlog,
+                                                                            coming, pre_ms, expected) -> None:
     assert may_burst(sequential=sequential, preprocessing_idle=idle, arrival_rate=rate, batch_s=0.04,
-                     backlog=backlog, batch_size=8) is expected
+                     backlog=backlog, batch_size=8, coming=coming, preprocess_s=pre_ms / 1000.0) is expected
+
+
+def test_the_expected_decoding_is_spread_over_the_cores_the_engine_leaves() -> None:
+    # 8 frames x 4 ms = 32 ms: one core is busy for 80 % of a 40 ms batch, each of two for 40 %
+    args = {"sequential": False, "preprocessing_idle": False, "arrival_rate": 0.0, "batch_s": 0.04, "coming": 8,
+            "preprocess_s": 0.004}
+    assert may_burst(**args, cores=1) is False
+    assert may_burst(**args, cores=2) is True

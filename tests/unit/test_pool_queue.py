@@ -107,23 +107,29 @@ class _Pipe:
 
 
 class _Batcher:
+    def __init__(self) -> None:
+        self.ready: list[tuple[float, float]] = []
+
     def begin_frame(self, item: WorkItem) -> bool:
         return True
 
-    def frame_ready(self, item: WorkItem, info: object, ms: float) -> None:
+    def frame_ready(self, item: WorkItem, info: object, ms: float, parse_ms: float) -> None:
         item.state = ItemState.READY
+        self.ready.append((ms, parse_ms))
 
 
 def test_sequential_mode_holds_the_stage_lock_while_a_file_is_parsed_and_while_a_frame_is_decoded() -> None:
     lock = threading.Lock()
-    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=_Batcher(),  # type: ignore[arg-type]
+    batcher = _Batcher()
+    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=batcher,  # type: ignore[arg-type]
                       clock=ManualClock(), stage_lock=lock)
     pool._procs[0] = None  # type: ignore[assignment]  # _run only names it when retiring a worker
     item = WorkItem(Request("r", "stub", Priority.BATCH, None, 0.0), 0, slot=3)
     job = Job(item.request, b"DICM", "stub", admit=lambda n, uid: [item], fail=lambda e: None)
-    pipe = _Pipe(lock, [("parsed", job.id, 1, "1.2.3", 0), ("frame", job.id, None, 1.0, 0)])
+    pipe = _Pipe(lock, [("parsed", job.id, 1, "1.2.3", 0, 0.5), ("frame", job.id, None, 1.0, 0)])
     runner = threading.Thread(target=pool._run, args=(pipe, job), name="worker-0")
     runner.start()
     runner.join(5)
     assert pipe.sent == [("parse", True), ("bytes", True), ("frame", True), ("drop", False)]
     assert item.state == ItemState.READY
+    assert batcher.ready == [(1.0, 0.5)]  # the file's parse time reaches the batcher with its first frame

@@ -113,9 +113,11 @@ def resize_area_into(src: np.ndarray, dst: np.ndarray) -> None:
     h, w = src.shape
     if (h, w) == (rows, cols):
         np.copyto(dst, src)
-    elif h % rows == 0 and w % cols == 0 and _binning_matches_kernel(h // rows, w // cols, rows, cols):
-        _bin_into(src, dst, h // rows, w // cols)
     elif h % rows == 0 and w % cols == 0:
-        np.mean(src.reshape(rows, h // rows, cols, w // cols), axis=(1, 3), dtype=np.float32, out=dst)
+        fy, fx = h // rows, w // cols
+        if _binning_matches_kernel(fy, fx, rows, cols):
+            _bin_into(src, dst, fy, fx)
+        else:
+            np.mean(src.reshape(rows, fy, cols, fx), axis=(1, 3), dtype=np.float32, out=dst)
     else:
         dst[...] = resize_area(src, (rows, cols))

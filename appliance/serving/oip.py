@@ -228,7 +228,8 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         request_id = request.id or f"oip-{self._next_id}"
         try:
             priority, time_remaining = self._schedule(request, context)
-            wanted = self._wanted(request, view, self._output_names(view))  # before computing anything
+            _refuse_extensions(request)  # before computing anything
+            wanted = self._wanted(request, view, self._output_names(view))
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch,
                                                           context.peer())
@@ -442,7 +443,6 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     @staticmethod
     def _wanted(request: oip.ModelInferRequest, view: str, names: list[str]) -> list[str]:
         """The requested outputs (all when none are named); unknown or repeated names are refused."""
-        _refuse_extensions(request)
         wanted = [o.name for o in request.outputs] or names
         unknown = [w for w in wanted if w not in names]
         if unknown:

@@ -134,8 +134,7 @@ class App:
         )
         self.batcher.parsing = self.pool.unadmitted
         self.batcher.preprocessing_idle = self.pool.idle
-        self.batcher.preprocess_cores = min(self.pool.workers,
-                                            max(1, usable_cores() - config.engine.intra_op_threads))
+        self.batcher.preprocess_cores = min(self.pool.workers, max(1, _cores_left_by_engine(config)))
         # the one request path, which every protocol front end calls
         self.path = RequestPath(
             model=ModelInfo(
@@ -397,7 +396,12 @@ def preprocess_workers(config: Config) -> int:
     """Worker processes: ``batcher.preprocess_workers``, or (0 = auto) the cores the engine leaves, at least 2."""
     if config.batcher.preprocess_workers:
         return config.batcher.preprocess_workers
-    return max(2, usable_cores() - config.engine.intra_op_threads)
+    return max(2, _cores_left_by_engine(config))
+
+
+def _cores_left_by_engine(config: Config) -> int:
+    """The cores this process may use beyond the engine's own intra-op threads (may be 0 or less)."""
+    return usable_cores() - config.engine.intra_op_threads
 
 
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:

@@ -317,7 +317,7 @@ def _cmd_models(argv: list[str]) -> int:
 
         return build_engine_main(argv[1:])
     if not argv or argv[0] not in commands:
-        print("usage: appliance models {build,eval,derive,build-engine} NAME [options]", file=sys.stderr)
+        print("usage: appliance models {build,eval,derive,lowpass,build-engine} NAME [options]", file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])
 

@@ -18,6 +18,8 @@ Format (``format_version = 1``)::
     resize = "area"                    # appliance.pipeline.preprocess.resize_area
     normalize = "window_unit"          # appliance.pipeline.preprocess.window_to_unit -> [0, 1]
     photometric = "MONOCHROME2"        # MONOCHROME1 is inverted before the model sees it
+    jpeg2000_lowpass = true            # optional: validated on half-resolution JPEG 2000 input (the AUC is in
+                                       # [metrics.<precision>.jpeg2000_lowpass]; `appliance models lowpass`)
 
     [[outputs]]
     name = "prob"                      # ONNX output name

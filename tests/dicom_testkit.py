@@ -27,6 +27,7 @@ CT_PREPROCESS = {
     "resize": "area",
     "normalize": "window_unit",
     "photometric": "MONOCHROME2",
+    "jpeg2000_lowpass": True,  # as models/ct-nodule: validated on half-resolution JPEG 2000 input
 }
 
 
@@ -38,7 +39,8 @@ def write_manifest(
 ) -> Path:
     """Write a minimal valid ``models/<name>/model.toml`` (the artifact file need not exist)."""
     pre = CT_PREPROCESS if preprocess is None else preprocess
-    pre_lines = "\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in pre.items())
+    pre_lines = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}".replace("'", '"')
+                          for k, v in pre.items())
     b = shape[0]
     text = f"""format_version = 1
 name = "{name}"

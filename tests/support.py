@@ -32,6 +32,7 @@ window_width = 1500.0
 resize = "area"
 normalize = "window_unit"
 photometric = "MONOCHROME2"
+jpeg2000_lowpass = true
 
 [[outputs]]
 name = "prob"

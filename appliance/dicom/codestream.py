@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pydicom import uid as _uid
 
-__all__ = ["FrameGeometry", "StreamError", "check_frame", "stream_kind"]
+__all__ = ["FrameGeometry", "StreamError", "check_frame", "j2k_reversible_levels", "stream_kind"]
 
 
 class StreamError(ValueError):
@@ -183,6 +183,56 @@ def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
     if present is not None and present < tiles:
         raise StreamError(f"the J2K codestream holds {present} of the {tiles} tiles its SIZ declares (the decoder "
                           "would leave the missing ones blank)")
+
+
+def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
+    """Return the wavelet levels of a plain reversible J2K frame, or 0 when a reduced decode would not be plain.
+
+    Plain means: one component of ``precision`` bits (9 to 16), signed as ``signed`` says, a single tile at the
+    canvas origin, and the reversible 5/3 wavelet for the whole image (no COC in the main header, no COD or COC in
+    the tile's header). Only then is a decode at reduced resolution the 5/3 low-pass band of the whole frame
+    (docs/dicom.md, "JPEG 2000 at the model's resolution"). Call it after :func:`check_frame`; anything it
+    cannot read gives 0.
+
+    Args:
+        frame: one whole encapsulated JPEG 2000 frame (raw codestream or JP2).
+        precision: the DICOM header's Bits Stored.
+        signed: the DICOM header's Pixel Representation is 1.
+    """
+    if not 9 <= precision <= 16:
+        return 0
+    try:
+        start = _j2k_codestream(frame)
+        pos = start + 4
+        lsiz, _rsiz, xsiz, ysiz, xo, yo, xt, yt, xto, yto, csiz = struct.unpack_from(">HHIIIIIIIIH", frame, pos)
+        ssiz, xr, yr = struct.unpack_from(">BBB", frame, pos + 38)
+    except (StreamError, struct.error):
+        return 0
+    if csiz != 1 or (xr, yr) != (1, 1) or (ssiz & 0x7F) + 1 != precision or bool(ssiz & 0x80) != signed:
+        return 0
+    if xo or yo or xto or yto or xt < xsiz or yt < ysiz:
+        return 0
+    levels = 0
+    pos += lsiz  # the first marker after SIZ
+    n = len(frame)
+    while pos + 4 <= n and frame[pos] == 0xFF:
+        marker = frame[pos + 1]
+        if marker == 0x90:  # SOT: the tile's header follows, up to SOD
+            pos += 12
+            continue
+        if marker == 0x93:  # SOD: both headers read
+            return levels
+        (length,) = struct.unpack_from(">H", frame, pos + 2)
+        if marker == 0x53 or (marker == 0x52 and levels):  # COC, or a tile COD overriding the main one
+            return 0
+        if marker == 0x52:
+            if length < 12 or pos + 14 > n or frame[pos + 13] != 1:  # SPcod transform: 1 = 5/3 reversible
+                return 0
+            levels = frame[pos + 9]
+            if not levels:
+                return 0
+        pos += 2 + length
+    return 0
 
 
 def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> int | None:

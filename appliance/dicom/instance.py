@@ -14,9 +14,10 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.encaps import get_frame
 from pydicom.pixels import get_decoder
-from pydicom.uid import ExplicitVRBigEndian
+from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless
 
-from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, stream_kind
+from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, j2k_reversible_levels, stream_kind
+from appliance.dicom.lowpass import decode_j2k_lowpass
 from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
 
@@ -161,6 +162,44 @@ class DicomInstance:
             )
         return arr, str(props.get("photometric_interpretation", self.photometric))
 
+    def decode_frame_lowpass(self, index: int) -> np.ndarray | None:
+        """Return frame ``index``'s 5/3 level-1 low-pass band as int32 stored values, or None where there is none.
+
+        Only a plain reversible JPEG 2000 greyscale frame (:func:`~appliance.dicom.codestream.j2k_reversible_levels`)
+        whose samples agree with Bits Stored and Pixel Representation has one; for everything else the caller
+        decodes in full with :meth:`decode_frame_raw`. The band is ``ceil(rows / 2)`` x ``ceil(columns / 2)``.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            DicomError: the frame's codestream is malformed or the decoder failed on it.
+        """
+        if not 0 <= index < self.number_of_frames:
+            raise IndexError(f"frame index {index} out of range for {self.number_of_frames} frame(s)")
+        if (self.transfer_syntax_uid not in (JPEG2000Lossless, JPEG2000) or self.samples_per_pixel != 1
+                or self.pixel_keyword != "PixelData"):
+            return None
+        frame = self._check_stream(index)
+        if frame is None or not j2k_reversible_levels(frame, self.bits_stored, bool(self.pixel_representation)):
+            return None
+        try:
+            arr = decode_j2k_lowpass(frame, self.bits_stored, bool(self.pixel_representation))
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - any decoder failure is this frame's fault
+            raise DicomError(
+                f"cannot decode frame {index} of {tag_name('PixelData')} with transfer syntax "
+                f"{ts_label(self.transfer_syntax_uid)} at half resolution (Pillow): {type(e).__name__}: "
+                f"{first_line(e)}",
+                field="dicom.PixelData",
+            ) from e
+        if arr.shape != (-(-self.rows // 2), -(-self.columns // 2)):
+            raise DicomError(
+                f"{tag_name('PixelData')} frame {index} decoded at half resolution to shape {arr.shape}, the "
+                f"header's {self.rows} x {self.columns} halves to {-(-self.rows // 2)} x {-(-self.columns // 2)}",
+                field="dicom.PixelData",
+            )
+        return arr
+
     def _unaligned_bits(self) -> bool:
         """1-bit native frames that do not end on a byte boundary (pydicom decodes them only all at once)."""
         return (self.decoding_plugin == NATIVE and self.bits_allocated == 1 and self.number_of_frames > 1
@@ -185,16 +224,20 @@ class DicomInstance:
         bits = np.unpackbits(chunk, bitorder="little")[shift: shift + n]
         return bits.reshape(self.rows, self.columns)
 
-    def _check_stream(self, index: int) -> None:
-        """Check frame ``index``'s codestream header against the DICOM header before any decoder runs."""
+    def _check_stream(self, index: int) -> bytes | None:
+        """Check frame ``index``'s codestream header against the DICOM header before any decoder runs.
+
+        Returns the frame's bytes (None for native pixel data).
+        """
         if stream_kind(self.transfer_syntax_uid) is None:
-            return
+            return None
         try:
             encapsulated = cast(bytes, self._pixels)  # only native pixel data is held as a memoryview
             frame = get_frame(encapsulated, index, number_of_frames=self.number_of_frames,
                               extended_offsets=self._opts.get("extended_offsets"))
             check_frame(self.transfer_syntax_uid, frame, FrameGeometry(
                 self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored))
+            return frame
         except StreamError as e:
             raise DicomError(
                 f"{tag_name('PixelData')} frame {index} ({ts_label(self.transfer_syntax_uid)}): {e}",

@@ -19,6 +19,7 @@ import platform
 import shutil
 import tempfile
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,7 @@ def build(cfg: BuildConfig, out_dir: Path, *, check_only: bool = False, progress
     """
     from appliance.modelbuild.derive import derive_files, gpu_manifest_entries
     from appliance.modelbuild.export import export_onnx
+    from appliance.modelbuild.lowpass import record_lowpass
     from appliance.modelbuild.quantize import inspect_int4, quantize_int4
     from appliance.modelbuild.train import train
 
@@ -278,11 +280,14 @@ def build(cfg: BuildConfig, out_dir: Path, *, check_only: bool = False, progress
         write_manifest(stage / "model.toml", data, header=card.MANIFEST_HEADER)
         (stage / "train_log.json").write_text(json.dumps(result.log, indent=1) + "\n", encoding="utf-8")
         load_manifest(stage / "model.toml")  # what we wrote must load
+        # Half-resolution JPEG 2000 input, measured on the same seed (appliance.modelbuild.lowpass).
+        record_lowpass(stage, seed=cfg.eval_seed, n=cfg.eval_n, workers=cfg.workers)
+        data = tomllib.loads((stage / "model.toml").read_text(encoding="utf-8"))
         comparison = None
         if (out_dir / "model.toml").is_file():
             comparison = compare_builds(stage, out_dir, eval_pool)
             log.info("reproducibility vs %s: %s", out_dir, json.dumps(comparison, sort_keys=True))
-        card_text = card.render(data, secs, block, candidates, comparison)
+        card_text = card.with_lowpass_section(card.render(data, secs, block, candidates, comparison), data)
         (stage / "README.md").write_text(card_text, encoding="utf-8")
         if not check_only:
             out_dir.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GPU_BEGIN", "GPU_END", "MANIFEST_HEADER", "gpu_section", "render", "with_gpu_section"]
+__all__ = ["GPU_BEGIN", "GPU_END", "LOWPASS_BEGIN", "LOWPASS_END", "MANIFEST_HEADER", "gpu_section", "lowpass_section",
+           "render", "with_gpu_section", "with_lowpass_section"]
 
 MANIFEST_HEADER = """\
 ct-nodule model manifest (format_version 1, see appliance/manifest.py).
@@ -155,14 +156,61 @@ GPU latency is not measured here (no GPU); `appliance doctor --gpu` measures W4A
 """
 
 
-def with_gpu_section(card_text: str, manifest: dict[str, Any]) -> str:
-    """Return ``card_text`` with its GPU section replaced (or appended)."""
-    section = gpu_section(manifest)
-    if GPU_BEGIN in card_text and GPU_END in card_text:
-        head, rest = card_text.split(GPU_BEGIN, 1)
-        tail = rest.split(GPU_END, 1)[1]
+def _with_section(card_text: str, begin: str, end: str, section: str) -> str:
+    if begin in card_text and end in card_text:
+        head, rest = card_text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         return head + section.rstrip("\n") + tail
     return card_text.rstrip("\n") + "\n\n" + section
+
+
+def with_gpu_section(card_text: str, manifest: dict[str, Any]) -> str:
+    """Return ``card_text`` with its GPU section replaced (or appended)."""
+    return _with_section(card_text, GPU_BEGIN, GPU_END, gpu_section(manifest))
+
+
+LOWPASS_BEGIN = "<!-- jpeg2000-lowpass: written by `appliance models lowpass` -->"
+LOWPASS_END = "<!-- /jpeg2000-lowpass -->"
+
+
+def lowpass_section(manifest: dict[str, Any]) -> str:
+    """The card's section on half-resolution JPEG 2000 input (``[metrics.*.jpeg2000_lowpass]``), between markers."""
+    rows, common = [], {}
+    for prec, m in manifest.get("metrics", {}).items():
+        lp = m.get("jpeg2000_lowpass")
+        if lp:
+            common = lp
+            rows.append(f"| {prec} | {_f(lp['auc_full'], 4)} | {_f(lp['auc_lowpass'], 4)} | "
+                        f"{lp['auc_delta']:+.4f} | {lp['label_flips']} |")
+    allowed = manifest["input"].get("preprocess", {}).get("jpeg2000_lowpass") is True
+    verdict = ("within the 0.002 gate for every artifact, so the manifest sets `jpeg2000_lowpass = true` and "
+               "pipelines may ask for it" if allowed else
+               "outside the 0.002 gate for at least one artifact, so pipelines may not ask for it")
+    table = "\n".join(rows)
+    return f"""{LOWPASS_BEGIN}
+## JPEG 2000 decoded at half resolution
+
+A reversible JPEG 2000 slice of at least twice the model's size can be decoded one wavelet level short: the 5/3
+low-pass band, re-centred by a quarter pixel, stands in for the 2 x 2 area means of the contract at about a third
+of the CPU (median {_f(common.get('decode_ms_lowpass', float('nan')), 1)} ms against
+{_f(common.get('decode_ms_full', float('nan')), 1)} ms a slice here). The model input moves by a mean of
+{_f(common.get('input_mean_abs_diff', float('nan')), 4)} (p99 {_f(common.get('input_p99_abs_diff', float('nan')), 3)})
+on the [0, 1] scale. Held-out seed {common.get('eval_seed', '?')}, {common.get('n', '?')} slices stored as JPEG 2000
+lossless ({common.get('n_lowpass', '?')} large enough for the band), each artifact scored on both inputs
+(`appliance models lowpass ct-nodule`):
+
+| artifact | AUC, full decode | AUC, half resolution | delta | labels flipped at 0.5 |
+|---|---|---|---|---|
+{table}
+
+The loss is {verdict} (docs/dicom.md).
+{LOWPASS_END}
+"""
+
+
+def with_lowpass_section(card_text: str, manifest: dict[str, Any]) -> str:
+    """Return ``card_text`` with its half-resolution JPEG 2000 section replaced (or appended)."""
+    return _with_section(card_text, LOWPASS_BEGIN, LOWPASS_END, lowpass_section(manifest))
 
 
 PROFILING_NOTE = """\

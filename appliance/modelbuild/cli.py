@@ -3,9 +3,10 @@
 ``python -m appliance.modelbuild.cli build ct-nodule [--check] [--models-dir DIR] [--quick]``
 ``python -m appliance.modelbuild.cli eval ct-nodule --seed S --n N [--json] [--precision P ...]``
 ``python -m appliance.modelbuild.cli derive ct-nodule [--check]`` (FP16 and W4A16 from FP32, see derive.py)
+``python -m appliance.modelbuild.cli lowpass ct-nodule`` (half-resolution JPEG 2000 input, see lowpass.py)
 
-The main ``appliance`` CLI wires :func:`build_main`, :func:`eval_main` and :func:`derive_main` as
-``appliance models build|eval|derive``.
+The main ``appliance`` CLI wires :func:`build_main`, :func:`eval_main`, :func:`derive_main` and
+:func:`lowpass_main` as ``appliance models build|eval|derive|lowpass``.
 ``eval`` needs only onnxruntime and numpy; ``build`` needs the ``build`` extra (torch, onnx, onnxscript, tqdm).
 """
 
@@ -165,14 +166,39 @@ def derive_main(argv: Sequence[str] | None = None) -> int:
     return 0 if report["ok"] else 1
 
 
-COMMANDS = {"build": build_main, "eval": eval_main, "derive": derive_main}
+def lowpass_main(argv: Sequence[str] | None = None) -> int:
+    """Measure the model on half-resolution JPEG 2000 input; record the AUCs and whether pipelines may use it.
+
+    Args:
+        argv: ``name [--seed S] [--n N] [--models-dir DIR] [--workers W]``.
+    """
+    ap = argparse.ArgumentParser(prog="appliance models lowpass", description=lowpass_main.__doc__)
+    ap.add_argument("name", help="model name, e.g. ct-nodule")
+    ap.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    ap.add_argument("--seed", type=int, default=None, help="held-out seed (default: the manifest's eval seed)")
+    ap.add_argument("--n", type=int, default=2000, help="slices (default 2000)")
+    ap.add_argument("--workers", type=int, default=1, help="processes building the inputs")
+    args = ap.parse_args(argv)
+
+    from appliance.modelbuild.lowpass import record_lowpass
+
+    try:
+        report = record_lowpass(args.models_dir / args.name, seed=args.seed, n=args.n, workers=args.workers)
+    except ApplianceError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    sys.stdout.write(json.dumps(report, indent=2, sort_keys=True, default=_json_default) + "\n")
+    return 0
+
+
+COMMANDS = {"build": build_main, "eval": eval_main, "derive": derive_main, "lowpass": lowpass_main}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch ``build`` / ``eval`` / ``derive``."""
+    """Dispatch ``build`` / ``eval`` / ``derive`` / ``lowpass``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
-        sys.stderr.write("usage: python -m appliance.modelbuild.cli {build,eval,derive} NAME ...\n")
+        sys.stderr.write("usage: python -m appliance.modelbuild.cli {build,eval,derive,lowpass} NAME ...\n")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return COMMANDS[argv[0]](argv[1:])

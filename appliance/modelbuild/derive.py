@@ -111,11 +111,10 @@ def gpu_manifest_entries(files: dict[str, Path], refs: dict[str, tuple[Path, dic
 
 def _merge(toml_text: str, artifacts: dict[str, Any], metrics: dict[str, Any]) -> str:
     """Return the manifest text with the GPU entries replaced, every other entry and the header kept."""
-    from appliance.modelbuild.manifest_writer import dumps
+    from appliance.modelbuild.manifest_writer import dumps, header_of
 
     data = tomllib.loads(toml_text)
-    header = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
-                       for line in toml_text.splitlines() if line.startswith("#"))
+    header = header_of(toml_text)
     for prec in GPU_PRECISIONS:
         data["artifacts"].pop(prec, None)
         data.setdefault("metrics", {}).pop(prec, None)

@@ -14,7 +14,7 @@ from typing import Any
 
 import tomli_w
 
-__all__ = ["dumps", "write_manifest"]
+__all__ = ["dumps", "header_of", "write_manifest"]
 
 
 def _rounded(v: Any) -> Any:
@@ -34,6 +34,12 @@ def dumps(data: Mapping[str, Any], header: str = "") -> str:
     lines = [f"# {h}" if h else "#" for h in header.splitlines()]
     body = tomli_w.dumps(_rounded(data))
     return ("\n".join(lines) + "\n" if lines else "") + body
+
+
+def header_of(toml_text: str) -> str:
+    """Return the comment lines at the top of a manifest's text, as :func:`dumps` takes them back."""
+    return "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
+                     for line in toml_text.splitlines() if line.startswith("#"))
 
 
 def write_manifest(path: Path, data: Mapping[str, Any], header: str = "") -> None:

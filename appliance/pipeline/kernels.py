@@ -1,8 +1,10 @@
-"""The two float32 kernels that define the model's input contract numerically.
+"""The two float32 kernels that define the model's input contract numerically, and the one that approximates it.
 
 Training (``models/``), evaluation and the serving pipelines all call :func:`window_to_unit` and
 :func:`resize_area`, so what the model saw in training is bit-for-bit what it sees in service. Do not change
 their names, signatures or numerics. :func:`resize_area_into` is the allocation-free form the hot path uses.
+:func:`recentre_lowpass` turns a JPEG 2000 frame's half-resolution low-pass band into a close stand-in for the
+2 x 2 area means, for models whose manifest was validated on it (docs/dicom.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import functools
 import numpy as np
 from PIL import Image
 
-__all__ = ["resize_area", "resize_area_into", "window_to_unit"]
+__all__ = ["recentre_lowpass", "resize_area", "resize_area_into", "window_to_unit"]
 
 
 def window_to_unit(
@@ -121,3 +123,20 @@ def resize_area_into(src: np.ndarray, dst: np.ndarray) -> None:
             np.mean(src.reshape(rows, fy, cols, fx), axis=(1, 3), dtype=np.float32, out=dst)
     else:
         dst[...] = resize_area(src, (rows, cols))
+
+
+def recentre_lowpass(band: np.ndarray) -> None:
+    """Move a 5/3 level-1 low-pass band (2-D float32) a quarter of its pixel down and right, in place.
+
+    Sample ``n`` of the band is centred on full-resolution pixel ``2n``, while the 2 x 2 area mean it stands in
+    for is centred on ``2n + 0.5``: a quarter of a band pixel. Linear interpolation, ``0.75 b[n] + 0.25 b[n+1]``
+    along each axis with the last row and column kept, moves it there. On the held-out seed this brings the
+    model input within a mean of 0.0035 (p99 0.04) of the area-resize contract, against 0.0085 (p99 0.14)
+    unmoved (docs/dicom.md, "JPEG 2000 at the model's resolution").
+    """
+    for axis in (0, 1):
+        head = band[:-1] if axis == 0 else band[:, :-1]
+        tail = band[1:] if axis == 0 else band[:, 1:]
+        quarter = tail * np.float32(0.25)  # a copy: head and tail overlap
+        head *= np.float32(0.75)
+        head += quarter

@@ -113,6 +113,12 @@ def _check_contract(steps: tuple[Step, ...], manifest: Manifest, where: str) -> 
         assert isinstance(resize, Resize)
         if resize.method != pre["resize"]:
             raise ConfigError(f"{at}.method: {resize.method!r} contradicts {model} resize = {pre['resize']!r}")
+    for i, step in enumerate(steps):
+        if isinstance(step.params, Resize) and step.params.jpeg2000_lowpass and pre.get("jpeg2000_lowpass") is not True:
+            raise ConfigError(
+                f"{where} steps[{i}].jpeg2000_lowpass: true, but {model} has no jpeg2000_lowpass = true (the model "
+                "was not validated on half-resolution JPEG 2000 input; `appliance models lowpass` measures it)"
+            )
     if pre.get("photometric") == "MONOCHROME2":
         need("invert_monochrome1", "expects MONOCHROME2")
     norm = steps[index["normalize"]].params if "normalize" in index else None

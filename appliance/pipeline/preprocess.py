@@ -9,7 +9,10 @@ A :class:`Pipeline` (``pipelines/<name>.toml``) turns one frame of a validated
     modality_lut        stored -> modality units (Rescale Slope/Intercept per frame, or the Modality LUT Seq.)
     window              the pipeline's fixed window (center/width, modality units) or the file's VOI -> [0, 1]
     invert_monochrome1  1 - x for MONOCHROME1 (pydicom's presentation LUT does not do it; docs/dicom.md)
-    resize              area resize to the model's H x W, written straight into the batch slot
+    resize              area resize to the model's H x W, written straight into the batch slot; with
+                        ``jpeg2000_lowpass = true`` a plain reversible JPEG 2000 frame of at least twice the
+                        model's size is decoded at half resolution instead (its 5/3 low-pass band, re-centred
+                        by a quarter pixel; docs/dicom.md), where the model's manifest allows it
     normalize           "none", or (x - mean) / std
 
 Pipeline file format (``format_version = 1``)::
@@ -50,7 +53,8 @@ from pydicom import uid as _uid
 from appliance.dicom import DicomInstance, tag_name
 from appliance.dicom.syntaxes import MODALITIES, defined_term, uid_label
 from appliance.errors import DicomError, NotApplicable
-from appliance.pipeline.steps import Frame, FrameInfo, Step, load_frame
+from appliance.pipeline.kernels import recentre_lowpass
+from appliance.pipeline.steps import Frame, FrameInfo, Resize, Step, load_frame
 
 __all__ = ["Accept", "Pipeline"]
 
@@ -122,9 +126,15 @@ class Pipeline:
         """
         if out.shape != self.input_shape or out.dtype != np.float32:
             raise ValueError(f"out must be float32 {self.input_shape}, got {out.dtype} {out.shape}")
-        arr, photometric = inst.decode_frame_raw(frame, raw=True)
-        fr = Frame(inst, frame, arr, out)
-        load_frame(fr, arr, photometric)
+        band = self._lowpass_band(inst, frame)
+        if band is not None:
+            fr = Frame(inst, frame, band, out)
+            load_frame(fr, band, inst.photometric)
+            recentre_lowpass(fr.image)
+        else:
+            arr, photometric = inst.decode_frame_raw(frame, raw=True)
+            fr = Frame(inst, frame, arr, out)
+            load_frame(fr, arr, photometric)
         for step in self.steps:
             step.spec.apply(fr, step.params)
         if not np.isfinite(out).all():  # last guard: a model never sees NaN/inf, and bad input is no bug
@@ -139,4 +149,22 @@ class Pipeline:
             pixel_spacing=inst.pixel_spacing,
             scale_to_original=(inst.rows / h, inst.columns / w),
             lossy=inst.lossy,
+            lowpass=band is not None,
         )
+
+    @property
+    def jpeg2000_lowpass(self) -> bool:
+        """The resize step may use a JPEG 2000 frame's half-resolution low-pass band (``jpeg2000_lowpass``)."""
+        return any(isinstance(s.params, Resize) and s.params.jpeg2000_lowpass for s in self.steps)
+
+    def _lowpass_band(self, inst: DicomInstance, frame: int) -> np.ndarray | None:
+        """The frame's low-pass band when this pipeline takes it and the frame has one at >= the model's size.
+
+        Colour frames and a Modality LUT Sequence (a table indexed by stored value, which a band's averaged
+        values are not) always decode in full.
+        """
+        h, w = self.input_shape[-2:]
+        if (not self.jpeg2000_lowpass or inst.rows < 2 * h or inst.columns < 2 * w
+                or inst.photometric not in ("MONOCHROME1", "MONOCHROME2") or inst.modality_lut is not None):
+            return None
+        return inst.decode_frame_lowpass(frame)

@@ -72,6 +72,9 @@ class Resize(StepParams, frozen=True, tag="resize"):
     """``resize``: to the model's H x W, into the batch slot."""
 
     method: Literal["area"] = "area"  # only the area resize is implemented
+    # true: decode a plain reversible JPEG 2000 frame of at least twice the model's size at half resolution
+    # (its 5/3 low-pass band, re-centred) instead of in full; only where the model's manifest allows it
+    jpeg2000_lowpass: bool = False
 
 
 class Normalize(StepParams, frozen=True, tag="normalize"):
@@ -94,6 +97,7 @@ class FrameInfo:
     pixel_spacing: tuple[float, float] | None  # mm (row, column) of the original frame, when the file has it
     scale_to_original: tuple[float, float]  # (rows / H, columns / W): original pixels per model pixel
     lossy: bool = False  # the pixels went through lossy compression (8-bit lossy CT is not diagnostic-grade)
+    lowpass: bool = False  # decoded at half resolution: a JPEG 2000 low-pass band stood in for the area resize
 
     def to_original(self, row: float, col: float) -> tuple[float, float]:
         """Return the original-frame (row, col) of the centre of model-input pixel (row, col)."""
@@ -111,7 +115,8 @@ class Frame:
         self.index = index
         self.stored = stored  # decoded stored values (grey frames only; colour frames are already luma)
         self.colour = False  # the image was converted from colour: no modality LUT applies
-        self.image: np.ndarray = np.empty((inst.rows, inst.columns), dtype=np.float32)  # full-res scratch
+        # scratch at the decoded resolution: full, or half for a JPEG 2000 low-pass band
+        self.image: np.ndarray = np.empty(stored.shape[:2], dtype=np.float32)
         self.out = out  # the caller's slot, (C, H, W)
         self.resized = False
 

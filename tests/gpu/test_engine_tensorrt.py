@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from appliance.engines.tensorrt import TensorrtEngine
 from appliance.engines.trt_build import EXTEND_EVERY_S, ensure_plan
 from appliance.errors import BackendUnavailable, EngineError
 from appliance.manifest import Manifest, load_manifest
+from appliance.modelbuild.manifest_writer import dumps
 from appliance.serving.notify import RecordingNotifier
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "models" / "ct-nodule"
@@ -98,8 +100,11 @@ def test_cache_hit_then_invalidation_by_gpu_trt_version_and_artifact(manifest, t
 def test_batch_size_is_part_of_the_key(manifest, tmp_path):
     copy = tmp_path / "model"
     shutil.copytree(MODEL_DIR, copy)
-    text = (copy / "model.toml").read_text()
-    (copy / "model.toml").write_text(text.replace("[8, ", "[4, "))
+    data = tomllib.loads((copy / "model.toml").read_text())
+    for table in (data["input"], *data["outputs"]):
+        assert table["shape"][0] == 8
+        table["shape"][0] = 4
+    (copy / "model.toml").write_text(dumps(data))
     small = load_manifest(copy / "model.toml")
     cache = tmp_path / "cache"
     make(manifest, cache).load()

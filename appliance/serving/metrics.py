@@ -88,6 +88,10 @@ class Metrics(BatchObserver):
         for reason in ("QUEUE_FULL", "SENDER_SHARE", "DEADLINE_UNMEETABLE"):  # exported at 0: dashboards see them
             self.rejections.labels(reason)
         self.frames = Counter("appliance_frames", "Frames finished, by final state", ["state"], registry=r)
+        self.lowpass_frames = Counter(
+            "appliance_jpeg2000_lowpass_frames",
+            "Frames decoded at half resolution (a JPEG 2000 low-pass band stood in for the area resize)", registry=r
+        )
         self.batches = Counter("appliance_batches", "Engine batches run", registry=r)
         self.padded_slots = Counter("appliance_padded_slots", "Batch slots filled with padding", registry=r)
         self.stage_seconds = Histogram(
@@ -145,6 +149,8 @@ class Metrics(BatchObserver):
     def on_item(self, item: WorkItem) -> None:
         """Record one finished frame."""
         self.frames.labels(item.state.name).inc()
+        if item.frame_info is not None and item.frame_info.lowpass:
+            self.lowpass_frames.inc()
         if item.state == ItemState.DONE and item.t_launch is not None and item.t_ready is not None:
             self.observe_stage("queue", max(0.0, item.t_launch - item.t_ready))
         if item.preprocess_ms:

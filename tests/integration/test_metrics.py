@@ -31,6 +31,7 @@ REQUIRED = {
     "appliance_queue_depth": "gauge",
     "appliance_queue_capacity": "gauge",
     "appliance_batches": "counter",
+    "appliance_jpeg2000_lowpass_frames": "counter",
     "appliance_batch_slots": "counter",
     "appliance_padded_slots": "counter",
     "appliance_batch_fill_ratio": "gauge",
@@ -122,6 +123,25 @@ def test_daemon_serves_every_series(models_dir: Path) -> None:
         app.stop()
     with pytest.raises(OSError):  # stop() closes the endpoint
         urllib.request.urlopen(f"http://{app.app.metrics_address}/metrics", timeout=2)
+
+
+def test_frames_decoded_at_half_resolution_are_counted(models_dir: Path) -> None:
+    from pydicom.uid import JPEG2000Lossless
+
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+    try:
+        truth = synthetic.generate_slice(6, size=512)
+        with grpc.insecure_channel(app.target) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            stub.Analyze(pb.AnalyzeRequest(dicom=synthetic.to_dicom(truth)), timeout=10)
+            families = scrape(app.app.metrics_address)
+            assert value(families, "appliance_jpeg2000_lowpass_frames", "appliance_jpeg2000_lowpass_frames_total") == 0
+            j2k = synthetic.to_dicom(truth, transfer_syntax=JPEG2000Lossless)
+            stub.Analyze(pb.AnalyzeRequest(dicom=j2k), timeout=10)
+        families = scrape(app.app.metrics_address)
+        assert value(families, "appliance_jpeg2000_lowpass_frames", "appliance_jpeg2000_lowpass_frames_total") == 1
+    finally:
+        app.stop()
 
 
 def _start_fails(config) -> ConfigError:  # noqa: ANN001

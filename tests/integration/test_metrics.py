@@ -137,7 +137,10 @@ def test_frames_decoded_at_half_resolution_are_counted(models_dir: Path) -> None
             families = scrape(app.app.metrics_address)
             assert value(families, "appliance_jpeg2000_lowpass_frames", "appliance_jpeg2000_lowpass_frames_total") == 0
             j2k = synthetic.to_dicom(truth, transfer_syntax=JPEG2000Lossless)
-            stub.Analyze(pb.AnalyzeRequest(dicom=j2k), timeout=10)
+            stub.Analyze(pb.AnalyzeRequest(dicom=j2k), timeout=10)  # the default pipeline: a full decode
+            families = scrape(app.app.metrics_address)
+            assert value(families, "appliance_jpeg2000_lowpass_frames", "appliance_jpeg2000_lowpass_frames_total") == 0
+            stub.Analyze(pb.AnalyzeRequest(dicom=j2k, pipeline="ct-nodule-fast"), timeout=10)
         families = scrape(app.app.metrics_address)
         assert value(families, "appliance_jpeg2000_lowpass_frames", "appliance_jpeg2000_lowpass_frames_total") == 1
     finally:

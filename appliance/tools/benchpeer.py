@@ -43,7 +43,7 @@ class TritonPeer:
     """One ``serve.py`` process (PyTriton + tritonserver + Python-backend stubs) on free loopback ports."""
 
     def __init__(self, python: Path, *, instances: int, queue_delay_us: int, intra_op_threads: int = 1,
-                 log_path: Path) -> None:
+                 log_path: Path, pipeline: Path = REPO / "pipelines" / "ct-nodule.toml") -> None:
         if not Path(python).exists():
             raise FileNotFoundError(
                 f"peer interpreter {python} not found; create the peer venv with bench/peers/triton/setup.sh "
@@ -57,7 +57,7 @@ class TritonPeer:
                "--http-port", str(free_port()), "--metrics-port", str(self.metrics_port),
                "--instances", str(instances), "--queue-delay-us", str(queue_delay_us),
                "--intra-op-threads", str(intra_op_threads),
-               "--models-dir", str(REPO / "models"), "--pipeline", str(REPO / "pipelines" / "ct-nodule.toml")]
+               "--models-dir", str(REPO / "models"), "--pipeline", str(pipeline)]
         self.log = log_path.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=_peer_env(), cwd=REPO)
 
@@ -131,12 +131,14 @@ def batch_stats(before: dict[str, float], after: dict[str, float], batch: int) -
     }
 
 
-def check_inputs(python: Path, files: list[bytes], local_digest: str) -> dict[str, Any]:
-    """Compute the model-input digest of ``files`` under the peer's interpreter and compare with ours."""
+def check_inputs(python: Path, files: list[bytes], local_digest: str,
+                 pipeline: Path = REPO / "pipelines" / "ct-nodule.toml") -> dict[str, Any]:
+    """Compute the model-input digest of ``files`` through ``pipeline`` under the peer's interpreter; compare."""
     with tempfile.TemporaryDirectory(prefix="appliance-peer-inputs-") as tmp:
         for i, data in enumerate(files):
             (Path(tmp) / f"{i:04d}.dcm").write_bytes(data)
-        out = subprocess.run([str(python), str(PEER_DIR / "check_inputs.py"), tmp], capture_output=True, text=True,
+        out = subprocess.run([str(python), str(PEER_DIR / "check_inputs.py"), tmp, str(pipeline)],
+                             capture_output=True, text=True,
                              env=_peer_env(), cwd=REPO, timeout=300, check=False)
     peer_digest = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
     result: dict[str, Any] = {"identical": peer_digest == local_digest, "sha256": local_digest}

@@ -211,7 +211,8 @@ async def _patterns(args: argparse.Namespace, files: list[bytes], servers: list[
     return out
 
 
-def _start_peer(python: Path, instances: int, delay_us: int, log_stem: Path, tries: int = 3) -> Any:
+def _start_peer(python: Path, instances: int, delay_us: int, log_stem: Path, pipeline: Path,
+                tries: int = 3) -> Any:
     """Start a Triton peer and wait until it is ready; retry a failed start.
 
     PyTriton's Python-backend stub waits only 1 s (hard-coded) for its handshake with the PyTriton process; on
@@ -221,7 +222,7 @@ def _start_peer(python: Path, instances: int, delay_us: int, log_stem: Path, tri
     from appliance.tools.benchpeer import TritonPeer
 
     for attempt in range(1, tries + 1):
-        peer = TritonPeer(python, instances=instances, queue_delay_us=delay_us,
+        peer = TritonPeer(python, instances=instances, queue_delay_us=delay_us, pipeline=pipeline,
                           log_path=log_stem.with_name(f"{log_stem.name}-{attempt}.log"))
         try:
             peer.ready_s = peer.wait_ready()
@@ -240,10 +241,12 @@ def _batch(args: argparse.Namespace) -> int:
 def _tune_peer(args: argparse.Namespace, files: list[bytes], python: Path, logdir: Path) -> dict[str, Any]:
     """Try every (instances, queue delay); keep the best saturated throughput at ``--concurrency``."""
     trials = []
+    pipeline_toml = _load_model(args)[0].path
     for inst in args.peer_instances:
         for delay in args.peer_delays_ms:
             try:
-                peer = _start_peer(python, inst, delay * 1000, logdir / f"triton-tune-{inst}-{delay}")
+                peer = _start_peer(python, inst, delay * 1000, logdir / f"triton-tune-{inst}-{delay}",
+                                   pipeline_toml)
             except (RuntimeError, TimeoutError) as e:
                 trials.append({"instances": inst, "queue_delay_ms": float(delay), "intra_op_threads": 1,
                                "throughput_per_s": 0.0, "errors": {"START_FAILED": 1}, "error": str(e)})
@@ -328,7 +331,8 @@ def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str,
             servers.append(_Server("appliance", daemon.target, daemon.pid))
         if args.peer == "triton":
             python = args.peer_python or benchpeer.default_peer_python()
-            peer_info["inputs"] = benchpeer.check_inputs(python, files, bc.inputs_digest(files, pipeline))
+            peer_info["inputs"] = benchpeer.check_inputs(python, files, bc.inputs_digest(files, pipeline),
+                                                         pipeline.path)
             t0 = time.monotonic()
             if len(args.peer_instances) * len(args.peer_delays_ms) > 1:
                 peer_info["tuning"] = _tune_peer(args, files, python, logdir)
@@ -337,7 +341,8 @@ def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str,
                 best = {"instances": args.peer_instances[0], "queue_delay_ms": args.peer_delays_ms[0],
                         "intra_op_threads": 1}
             peer_info["tuning_s"] = round(time.monotonic() - t0, 1)
-            peer = _start_peer(python, best["instances"], int(best["queue_delay_ms"] * 1000), logdir / "triton")
+            peer = _start_peer(python, best["instances"], int(best["queue_delay_ms"] * 1000), logdir / "triton",
+                               pipeline.path)
             peer_info["ready_s"] = round(peer.ready_s, 2)
             peer_info["config"] = peer.config()
             peer_info["server"] = "Triton 2.51.0 (PyTriton 0.7.0), Python callable, ONNX Runtime CPU"

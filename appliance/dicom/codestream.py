@@ -188,11 +188,11 @@ def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
 def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
     """Return the wavelet levels of a plain reversible J2K frame, or 0 when a reduced decode would not be plain.
 
-    Plain means: one component of ``precision`` bits (9 to 16), signed as ``signed`` says, a single tile at the
-    canvas origin, and the reversible 5/3 wavelet for the whole image (no COC in the main header, no COD or COC in
-    the tile's header). Only then is a decode at reduced resolution the 5/3 low-pass band of the whole frame
-    (docs/dicom.md, "JPEG 2000 at the model's resolution"). Call it after :func:`check_frame`; anything it
-    cannot read gives 0.
+    Plain means: a raw Part 1 codestream (no JP2 wrapper, no Part 2 capabilities) with one component of
+    ``precision`` bits (9 to 16), signed as ``signed`` says, a single tile at the canvas origin, and the
+    reversible 5/3 wavelet for the whole image (no COC in the main header, no COD or COC in the tile's header).
+    Only then is a decode at reduced resolution the 5/3 low-pass band of the whole frame (docs/dicom.md, "JPEG
+    2000 at the model's resolution"). Call it after :func:`check_frame`; anything it cannot read gives 0.
 
     Args:
         frame: one whole encapsulated JPEG 2000 frame (raw codestream or JP2).
@@ -201,12 +201,15 @@ def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
     """
     if not 9 <= precision <= 16:
         return 0
+    if frame[:4] != b"\xff\x4f\xff\x51":  # raw only: Pillow takes a JP2 wrapper's size and depth from its boxes
+        return 0
+    pos = 4
     try:
-        start = _j2k_codestream(frame)
-        pos = start + 4
-        lsiz, _rsiz, xsiz, ysiz, xo, yo, xt, yt, xto, yto, csiz = struct.unpack_from(">HHIIIIIIIIH", frame, pos)
+        lsiz, rsiz, xsiz, ysiz, xo, yo, xt, yt, xto, yto, csiz = struct.unpack_from(">HHIIIIIIIIH", frame, pos)
         ssiz, xr, yr = struct.unpack_from(">BBB", frame, pos + 38)
-    except (StreamError, struct.error):
+    except struct.error:
+        return 0
+    if rsiz & 0x8000:  # Part 2 extensions (other wavelets, non-linear point transforms)
         return 0
     if csiz != 1 or (xr, yr) != (1, 1) or (ssiz & 0x7F) + 1 != precision or bool(ssiz & 0x80) != signed:
         return 0
@@ -218,7 +221,7 @@ def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
     while pos + 4 <= n and frame[pos] == 0xFF:
         marker = frame[pos + 1]
         if marker == 0x90:  # SOT: the tile's header follows, up to SOD
-            pos += 12
+            pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
             continue
         if marker == 0x93:  # SOD: both headers read
             return levels

@@ -161,10 +161,15 @@ class Pipeline:
         """The frame's low-pass band when this pipeline takes it and the frame has one at >= the model's size.
 
         Colour frames and a Modality LUT Sequence (a table indexed by stored value, which a band's averaged
-        values are not) always decode in full.
+        values are not) always decode in full. So does a frame the half-resolution decoder fails on: the
+        transfer syntax's own decoder then decides, with its own error, whether the frame is usable.
         """
         h, w = self.input_shape[-2:]
         if (not self.jpeg2000_lowpass or inst.rows < 2 * h or inst.columns < 2 * w
                 or inst.photometric not in ("MONOCHROME1", "MONOCHROME2") or inst.modality_lut is not None):
             return None
-        return inst.decode_frame_lowpass(frame)
+        try:
+            return inst.decode_frame_lowpass(frame)
+        except DicomError as e:
+            logger.debug("frame %d: no half-resolution decode (%s); decoding in full", frame, e)
+            return None

@@ -182,10 +182,12 @@ def lowpass_section(manifest: dict[str, Any]) -> str:
             common = lp
             rows.append(f"| {prec} | {_f(lp['auc_full'], 4)} | {_f(lp['auc_lowpass'], 4)} | "
                         f"{lp['auc_delta']:+.4f} | {lp['label_flips']} |")
+    from appliance.modelbuild.lowpass import AUC_GATE
+
     allowed = manifest["input"].get("preprocess", {}).get("jpeg2000_lowpass") is True
-    verdict = ("within the 0.002 gate for every artifact, so the manifest sets `jpeg2000_lowpass = true` and "
-               "pipelines may ask for it" if allowed else
-               "outside the 0.002 gate for at least one artifact, so pipelines may not ask for it")
+    verdict = (f"within the {AUC_GATE} gate for every artifact, so the manifest sets `jpeg2000_lowpass = true` "
+               "and pipelines may ask for it" if allowed else
+               f"outside the {AUC_GATE} gate for at least one artifact, so pipelines may not ask for it")
     table = "\n".join(rows)
     return f"""{LOWPASS_BEGIN}
 ## JPEG 2000 decoded at half resolution
@@ -197,7 +199,7 @@ of the CPU (median {_f(common.get('decode_ms_lowpass', float('nan')), 1)} ms aga
 {_f(common.get('input_mean_abs_diff', float('nan')), 4)} (p99 {_f(common.get('input_p99_abs_diff', float('nan')), 3)})
 on the [0, 1] scale. Held-out seed {common.get('eval_seed', '?')}, {common.get('n', '?')} slices stored as JPEG 2000
 lossless ({common.get('n_lowpass', '?')} large enough for the band), each artifact scored on both inputs
-(`appliance models lowpass ct-nodule`):
+(`appliance models lowpass {manifest['name']}`):
 
 | artifact | AUC, full decode | AUC, half resolution | delta | labels flipped at 0.5 |
 |---|---|---|---|---|

@@ -5,7 +5,8 @@
 onnx/onnxruntime versions), evaluates them on the manifest's held-out seed with the same code as
 ``appliance models eval``, and adds ``[artifacts.fp16]``, ``[artifacts.w4a16]`` and their ``[metrics.*]`` to
 ``model.toml`` (and a section of the model card ``README.md``), leaving every other entry (and the default
-precision) as it is. ``--check`` writes nothing
+precision) as it is; then it measures every artifact on half-resolution JPEG 2000 input again
+(:mod:`appliance.modelbuild.lowpass`). ``--check`` writes nothing
 and fails if the committed files differ from a fresh derivation.
 
 How ONNX Runtime on the CPU runs a FLOAT16 graph: it has FP16 kernels for few ops, so its graph optimizer
@@ -163,6 +164,10 @@ def derive(model_dir: Path, *, seed: int | None = None, n: int = 2000, check: bo
     toml_path = model_dir / "model.toml"
     toml_path.write_text(_merge(toml_path.read_text(encoding="utf-8"), artifacts, metrics), encoding="utf-8")
     load_manifest(toml_path)  # what we wrote must load
+    # New GPU artifacts are measured on half-resolution JPEG 2000 input too (the gate covers every artifact).
+    from appliance.modelbuild.lowpass import record_lowpass
+
+    record_lowpass(model_dir, seed=seed, n=n, workers=workers)
     card_path = model_dir / "README.md"
     if card_path.is_file():
         from appliance.modelbuild.card import with_gpu_section

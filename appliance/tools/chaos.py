@@ -165,6 +165,29 @@ def _non_image() -> bytes:
     return buf.getvalue()
 
 
+def _stream_cases(rng: random.Random, label: str, ts: str, data: bytes, truncations: int, flips: int,
+                  pipeline: str = "") -> list[Case]:
+    """Truncations (header, pixel data, inside a compressed frame before its EOI) and bit flips of one valid file."""
+    cases = []
+    start, end = _pixel_span(data)
+    compressed = _uid.UID(ts).is_encapsulated
+    for k in range(truncations):
+        cut = rng.randrange(132, len(data) - 4) if k < truncations // 2 else rng.randrange(start, end - 4)
+        strictly_inside = compressed and cut < end - 4 and cut > start + 16
+        expect = frozenset({INVALID, PRECONDITION}) if (strictly_inside or not compressed) else frozenset(
+            {OK, INVALID, PRECONDITION})
+        if not compressed and cut >= start:
+            expect = frozenset({INVALID})
+        cases.append(Case(f"truncate-{label}-{cut}", data[:cut], expect, pipeline=pipeline))
+    for k in range(flips):  # corrupt bytes in the stream: an error wherever the codec can tell
+        buf = bytearray(data)
+        lo = _first_fragment(data) + 8 if compressed else start
+        for at in rng.sample(range(lo, end - 2), 16):
+            buf[at] ^= 1 << rng.randrange(8)
+        cases.append(Case(f"flip-{label}-{k}", bytes(buf), frozenset({OK, INVALID}), pipeline=pipeline))
+    return cases
+
+
 def bad_cases(seed: int = 0, *, truncations: int = 6, flips: int = 4, size: int = 128) -> list[Case]:
     """The generated corpus of hostile inputs (deterministic for a seed)."""
     rng = random.Random(seed)
@@ -180,25 +203,15 @@ def bad_cases(seed: int = 0, *, truncations: int = 6, flips: int = 4, size: int 
     ]
     for ts, data in valid.items():
         label = _uid.UID(ts).keyword or ts
-        start, end = _pixel_span(data)
-        compressed = _uid.UID(ts).is_encapsulated
-        for k in range(truncations):  # header, pixel data, and (compressed) inside the frame before its EOI
-            cut = rng.randrange(132, len(data) - 4) if k < truncations // 2 else rng.randrange(start, end - 4)
-            strictly_inside = compressed and cut < end - 4 and cut > start + 16
-            expect = frozenset({INVALID, PRECONDITION}) if (strictly_inside or not compressed) else frozenset(
-                {OK, INVALID, PRECONDITION})
-            if not compressed and cut >= start:
-                expect = frozenset({INVALID})
-            cases.append(Case(f"truncate-{label}-{cut}", data[:cut], expect))
-        for k in range(flips):  # corrupt bytes in the stream: an error wherever the codec can tell
-            buf = bytearray(data)
-            lo = _first_fragment(data) + 8 if compressed else start
-            for at in rng.sample(range(lo, end - 2), 16):
-                buf[at] ^= 1 << rng.randrange(8)
-            cases.append(Case(f"flip-{label}-{k}", bytes(buf), frozenset({OK, INVALID})))
+        cases += _stream_cases(rng, label, ts, data, truncations, flips)
         lie = _lie_dimensions(ts, data)
         if lie is not None:
             cases.append(Case(f"dimension-lie-{label}", lie, frozenset({INVALID})))
+    # The half-resolution JPEG 2000 decoder (pipeline ct-nodule-fast) sees only slices of at least twice the model
+    # input: a 512 x 512 one, truncated and bit-flipped the same ways.
+    big = synthetic.to_dicom(synthetic.generate_slice(seed + 7, size=512), transfer_syntax=_uid.JPEG2000Lossless)
+    cases += _stream_cases(rng, "JPEG2000Lossless-512-fast", _uid.JPEG2000Lossless, big, truncations, flips,
+                           pipeline="ct-nodule-fast")
     for name, data in _jpeg_samples().items():
         ts = str(pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True).file_meta.TransferSyntaxUID)
         frag = _first_fragment(data)

@@ -30,7 +30,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     write_fake_model(models, batch=8, h=256, w=256, name="ct-nodule", heatmap=16)
     pipes = root / "pipelines"
     pipes.mkdir()
-    (pipes / "ct-nodule.toml").write_text((REPO / "pipelines" / "ct-nodule.toml").read_text())
+    for name in ("ct-nodule.toml", "ct-nodule-fast.toml"):
+        (pipes / name).write_text((REPO / "pipelines" / name).read_text())
     (pipes / "any.toml").write_text(ANY_PIPELINE)
     mp = pytest.MonkeyPatch()
     mp.setenv("APPLIANCE_TEST_DECODER_FAULTS", "1")

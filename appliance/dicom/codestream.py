@@ -195,7 +195,7 @@ def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
     2000 at the model's resolution"). Call it after :func:`check_frame`; anything it cannot read gives 0.
 
     Args:
-        frame: one whole encapsulated JPEG 2000 frame (raw codestream or JP2).
+        frame: one whole encapsulated JPEG 2000 frame (a JP2-wrapped one gives 0).
         precision: the DICOM header's Bits Stored.
         signed: the DICOM header's Pixel Representation is 1.
     """

@@ -401,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from appliance.logs import quiet_third_party
+
+    quiet_third_party(logging.DEBUG if verbose else logging.INFO)
     rest = argv[1:] if verbose else argv
     if rest and rest[0] in DELEGATED:
         return DELEGATED[rest[0]](rest[1:])

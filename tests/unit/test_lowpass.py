@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import openjpeg
@@ -87,6 +88,27 @@ def test_the_instance_decodes_its_band_in_stored_values():
     np.testing.assert_array_equal(inst.decode_frame_lowpass(0), band_of(stored))
     with pytest.raises(IndexError):
         inst.decode_frame_lowpass(1)
+
+
+@pytest.mark.parametrize(("name", "has_band"), [
+    ("MR_small_jp2klossless.dcm", True),  # another encoder's reversible stream, signed 16-bit
+    ("693_J2KI.dcm", False),  # irreversible 9/7
+    ("J2K_pixelrep_mismatch.dcm", False),  # the codestream's sign disagrees with Pixel Representation
+])
+def test_files_from_other_encoders(name, has_band):
+    from pydicom.data import get_testdata_file
+
+    path = get_testdata_file(name)
+    if path is None:
+        pytest.skip(f"{name} is not in this pydicom's bundled test files")
+    inst = parse(Path(str(path)).read_bytes())
+    band = inst.decode_frame_lowpass(0)
+    if not has_band:
+        assert band is None
+        return
+    assert band is not None
+    lo, hi = (-(1 << (inst.bits_stored - 1)), (1 << (inst.bits_stored - 1)) - 1)
+    np.testing.assert_array_equal(band, np.clip(band_of(inst.decode_frame(0)), lo, hi))
 
 
 # ------------------------------------------------------------------------------------------------------

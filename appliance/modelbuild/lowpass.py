@@ -6,7 +6,7 @@ contract, bit for bit what training saw) and at half resolution (the 5/3 low-pas
 docs/dicom.md). Each artifact scores both inputs; the model may take the second only if no artifact's AUC falls
 by more than :data:`AUC_GATE`. The result goes into ``model.toml``: ``[input.preprocess] jpeg2000_lowpass`` (true,
 or absent) and ``[metrics.<precision>.jpeg2000_lowpass]``, and a section of the model card ``README.md``.
-``appliance models build`` runs it too.
+``appliance models build`` and ``appliance models derive`` run it too.
 """
 
 from __future__ import annotations

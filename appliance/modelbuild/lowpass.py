@@ -23,8 +23,9 @@ import numpy as np
 
 from appliance.manifest import Manifest, load_manifest
 from appliance.modelbuild.evaluate import auc, make_session, predict
+from appliance.pipeline.loader import build_steps
 from appliance.pipeline.preprocess import Accept, Pipeline
-from appliance.pipeline.steps import STEPS, InvertMonochrome1, ModalityLut, Normalize, Resize, Step, Window
+from appliance.pipeline.steps import InvertMonochrome1, ModalityLut, Normalize, Resize, Window
 
 __all__ = ["AUC_GATE", "contract_pipeline", "lowpass_inputs", "measure", "merge", "passes_gate", "record_lowpass"]
 
@@ -44,7 +45,7 @@ def contract_pipeline(manifest: Manifest, *, lowpass: bool) -> Pipeline:
             if pre.get("normalize") == "meanstd" else Normalize())
     params = (ModalityLut(), Window(center=float(pre["window_center"]), width=float(pre["window_width"])),
               InvertMonochrome1(), Resize(jpeg2000_lowpass=lowpass), norm)
-    steps = tuple(Step(STEPS[str(type(p).__struct_config__.tag)], p) for p in params)
+    steps = build_steps(params, f"model {manifest.name!r} contract:")
     return Pipeline(name=f"{manifest.name}-contract", model=manifest.name, input_shape=manifest.input.item_shape,
                     steps=steps, accept=Accept(None, None, "reject"), path=manifest.path)
 

@@ -25,7 +25,7 @@ from appliance.pipeline.preprocess import Accept, Pipeline
 from appliance.pipeline.steps import ORDER, STEPS, AnyStep, Normalize, Resize, Step, StepParams, Window
 from appliance.schema import Schema, convert, read_toml
 
-__all__ = ["load_pipeline", "load_pipelines"]
+__all__ = ["build_steps", "load_pipeline", "load_pipelines"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ def _accept(raw: _AcceptFile, where: str) -> Accept:
     )
 
 
-def _steps(raw: tuple[StepParams, ...], where: str) -> tuple[Step, ...]:
+def build_steps(raw: tuple[StepParams, ...], where: str) -> tuple[Step, ...]:
+    """Return the registered steps for ``raw``, refusing a wrong order or a missing resize (errors name ``where``)."""
     steps = tuple(Step(STEPS[str(type(p).__struct_config__.tag)], p) for p in raw)
     for i in range(1, len(steps)):
         if ORDER[steps[i].name] <= ORDER[steps[i - 1].name]:
@@ -165,7 +166,7 @@ def load_pipeline(path: Path, models_dir: Path) -> Pipeline:
         manifest = load_manifest(Path(models_dir) / raw.model / "model.toml")
     except ManifestError as e:
         raise ConfigError(f"{where} model: model = {raw.model!r} has no usable manifest: {e}") from e
-    steps = _steps(raw.steps, where)
+    steps = build_steps(raw.steps, where)
     _check_contract(steps, manifest, where)
     item_shape = tuple(manifest.input.item_shape)
     if len(item_shape) != 3:

@@ -238,10 +238,10 @@ def _batch(args: argparse.Namespace) -> int:
     return int(_load_model(args)[1].input.shape[0])
 
 
-def _tune_peer(args: argparse.Namespace, files: list[bytes], python: Path, logdir: Path) -> dict[str, Any]:
-    """Try every (instances, queue delay); keep the best saturated throughput at ``--concurrency``."""
+def _tune_peer(args: argparse.Namespace, files: list[bytes], python: Path, logdir: Path,
+               pipeline_toml: Path) -> dict[str, Any]:
+    """Try every (instances, queue delay) on ``pipeline_toml``; keep the best throughput at ``--concurrency``."""
     trials = []
-    pipeline_toml = _load_model(args)[0].path
     for inst in args.peer_instances:
         for delay in args.peer_delays_ms:
             try:
@@ -335,7 +335,7 @@ def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str,
                                                          pipeline.path)
             t0 = time.monotonic()
             if len(args.peer_instances) * len(args.peer_delays_ms) > 1:
-                peer_info["tuning"] = _tune_peer(args, files, python, logdir)
+                peer_info["tuning"] = _tune_peer(args, files, python, logdir, pipeline.path)
                 best = peer_info["tuning"]["best"]
             else:
                 best = {"instances": args.peer_instances[0], "queue_delay_ms": args.peer_delays_ms[0],

@@ -43,6 +43,7 @@ into the caller's slot; pydicom's float64 LUT helpers are not used (docs/dicom.m
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,7 @@ class Pipeline:
             lowpass=band is not None,
         )
 
-    @property
+    @functools.cached_property
     def jpeg2000_lowpass(self) -> bool:
         """The resize step may use a JPEG 2000 frame's half-resolution low-pass band (``jpeg2000_lowpass``)."""
         return any(isinstance(s.params, Resize) and s.params.jpeg2000_lowpass for s in self.steps)

@@ -147,12 +147,7 @@ class DicomInstance:
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
         except BaseException as e:  # noqa: BLE001 - a Rust panic (pyo3 PanicException) is a BaseException too
-            raise DicomError(
-                f"cannot decode frame {index} of {tag_name('PixelData')} with transfer syntax "
-                f"{ts_label(self.transfer_syntax_uid)} using plugin {self.decoding_plugin!r}: "
-                f"{type(e).__name__}: {first_line(e)}",
-                field="dicom.PixelData",
-            ) from e
+            raise self._decode_failed(index, f"using plugin {self.decoding_plugin!r}", e) from e
         if arr.shape != self.frame_shape:
             raise DicomError(
                 f"{tag_name('PixelData')} frame {index} decoded to shape {arr.shape}, header says "
@@ -186,12 +181,7 @@ class DicomInstance:
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
         except BaseException as e:  # noqa: BLE001 - any decoder failure is this frame's fault
-            raise DicomError(
-                f"cannot decode frame {index} of {tag_name('PixelData')} with transfer syntax "
-                f"{ts_label(self.transfer_syntax_uid)} at half resolution (Pillow): {type(e).__name__}: "
-                f"{first_line(e)}",
-                field="dicom.PixelData",
-            ) from e
+            raise self._decode_failed(index, "at half resolution (Pillow)", e) from e
         if arr.shape != (-(-self.rows // 2), -(-self.columns // 2)):
             raise DicomError(
                 f"{tag_name('PixelData')} frame {index} decoded at half resolution to shape {arr.shape}, the "
@@ -199,6 +189,14 @@ class DicomInstance:
                 field="dicom.PixelData",
             )
         return arr
+
+    def _decode_failed(self, index: int, how: str, error: BaseException) -> DicomError:
+        """The client error for a decoder that failed on frame ``index`` (``how``: which decoder, which way)."""
+        return DicomError(
+            f"cannot decode frame {index} of {tag_name('PixelData')} with transfer syntax "
+            f"{ts_label(self.transfer_syntax_uid)} {how}: {type(error).__name__}: {first_line(error)}",
+            field="dicom.PixelData",
+        )
 
     def _unaligned_bits(self) -> bool:
         """1-bit native frames that do not end on a byte boundary (pydicom decodes them only all at once)."""

@@ -57,10 +57,11 @@ def codestream(stored: np.ndarray, bits: int, **kwargs) -> bytes:
 
 
 def j2k_file(stored: np.ndarray, bits: int, cs: bytes | None = None, ts: str = JPEG2000Lossless, **tags) -> bytes:
-    """A CT file whose one frame is ``cs`` (default: ``stored`` encoded losslessly)."""
+    """A CT file whose frame is ``cs`` (default: ``stored`` encoded losslessly; a 3-D ``stored`` gives a frame each)."""
     ds = make_dataset(pixels=stored, bits_stored=bits, RescaleSlope=1, RescaleIntercept=-1024 if bits == 12 else 0,
                       **tags)
-    ds.PixelData = encapsulate([codestream(stored, bits) if cs is None else cs])
+    frames = [cs] if cs is not None else [codestream(f, bits) for f in (stored if stored.ndim == 3 else [stored])]
+    ds.PixelData = encapsulate(frames)
     ds["PixelData"].VR = "OB"
     ds["PixelData"].is_undefined_length = True
     ds.file_meta.TransferSyntaxUID = ts
@@ -325,13 +326,8 @@ def test_a_corrupt_frame_fails_with_the_full_decoders_error(tmp_path):
 
 def test_monochrome1_and_every_frame_of_a_multiframe_take_the_band(tmp_path):
     frames = np.stack([smooth((512, 512), 12, False, seed=s) for s in (1, 2)])
-    ds = make_dataset(pixels=frames, bits_stored=12, frames=2, photometric="MONOCHROME1", RescaleSlope=1,
-                      RescaleIntercept=-1024)
-    ds.PixelData = encapsulate([codestream(f, 12) for f in frames])
-    ds["PixelData"].VR = "OB"
-    ds["PixelData"].is_undefined_length = True
-    ds.file_meta.TransferSyntaxUID = JPEG2000Lossless
-    inst = parse(to_bytes(ds))
+    inst = parse(j2k_file(frames, 12, frames=2, photometric="MONOCHROME1"))
+    assert inst.number_of_frames == 2 and inst.photometric == "MONOCHROME1"
     pipeline = fast_pipeline(tmp_path)
     for i in range(2):
         out = np.empty(pipeline.input_shape, np.float32)

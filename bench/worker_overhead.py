@@ -3,7 +3,7 @@
     python bench/worker_overhead.py [WORKLOAD=native] [REPS=10] [HEAP_KEEP_BYTES=64 MiB]
 
 Runs the same calls a worker makes (``dicom.parse`` + ``Pipeline.check`` + ``Pipeline.run`` into a slot) on 32
-workload files in this process, then through a real worker process and its pipe protocol (parse, frame, drop),
+workload files in this process, then through a real worker process and its pipe protocol (parse, last frame),
 and prints CPU ms and minor faults per file for both. docs/performance.md ("Heap") quotes it.
 """
 
@@ -66,9 +66,8 @@ def main(argv: list[str]) -> int:
         conn.send(("parse", job, pipeline.name))
         conn.send_bytes(data)
         assert conn.recv()[0] == "parsed"
-        conn.send(("frame", job, 0, 0))
+        conn.send(("frame", job, 0, 0, True))  # the last frame: the worker forgets the instance after it
         assert conn.recv()[0] == "frame"
-        conn.send(("drop", job))
 
     try:
         for data in files:

@@ -4,8 +4,11 @@ One worker runs one request at a time, driven by its supervisor thread in the da
 (:mod:`appliance.workers.pool`). Messages, daemon -> worker::
 
     ("parse", job_id, pipeline_name) + send_bytes(dicom)   -> ("parsed", job_id, n_frames, sop_uid, rss, ms)
-    ("frame", job_id, frame_index, slot)                    -> ("frame", job_id, frame_info, ms, rss)
+    ("frame", job_id, frame_index, slot, last)              -> ("frame", job_id, frame_info, ms, rss)
     ("drop", job_id)                                        -> (no reply: forget the parsed instance)
+
+A frame message with ``last`` true also forgets the instance once it is answered (the common path costs no drop
+message); the daemon sends ``drop`` only when a job ends before its last frame was asked for.
     ("stop",)                                               -> (exit 0)
 
 and any step may answer ``("error", job_id, encoded_error, rss)`` instead. Only small metadata crosses the pipe;
@@ -102,20 +105,27 @@ def decode_error(encoded: tuple[str, str, str, str]) -> ApplianceError:
     return error
 
 
-def _rss_bytes() -> int:
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_statm = (0, -1)  # (pid, fd): this process's /proc/self/statm kept open; a pread costs a sixth of open+read+close
+
+
+def _statm_pages(field: int) -> int:
+    global _statm
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        pid = os.getpid()
+        if _statm[0] != pid:  # a forked child inherits the fd, which still reads its parent's figures
+            _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(_statm[1], 128, 0).split()[field])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _rss_bytes() -> int:
+    return _statm_pages(1) * _PAGE
 
 
 def _vm_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return _statm_pages(0) * _PAGE
 
 
 def _limit_memory(extra: int) -> None:
@@ -174,6 +184,8 @@ class _Worker:
                 raise
             except BaseException as e:  # noqa: BLE001 - foreign code: every failure becomes this item's error
                 reply = ("error", job, encode_error(e), _rss_bytes())
+            if op == "frame" and msg[4]:  # the job's last frame: nothing more will be asked of this instance
+                self.job = self.instance = self.pipeline = None
             self.conn.send(reply)
 
     def _parse(self, job: int, pipeline_name: str) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -71,6 +72,26 @@ class Job:
     def priority(self) -> Priority:
         """Its request's scheduling class."""
         return self.request.priority
+
+
+class _Channel:
+    """The daemon's end of one worker's pipe.
+
+    ``Connection.poll`` builds and tears down a selector on every call; this keeps one ``select.poll`` for the
+    pipe's life, which halves the supervisor's cost of a message (docs/performance.md, section 5).
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.send = conn.send
+        self.send_bytes = conn.send_bytes
+        self.recv = conn.recv
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
+
+    def poll(self, timeout_s: float) -> bool:
+        """True when a message (or the end of the pipe: recv then raises EOFError) is waiting."""
+        return bool(self._poller.poll(timeout_s * 1000.0))
 
 
 class _WorkerLost(Exception):
@@ -218,7 +239,7 @@ class WorkerPool:
 
     def _supervise(self, index: int) -> None:
         proc: multiprocessing.process.BaseProcess | None = None
-        conn: Connection | None = None
+        conn: _Channel | None = None
         while not self._stopping:
             if proc is None or conn is None or not proc.is_alive():
                 try:
@@ -255,12 +276,13 @@ class WorkerPool:
             proc.join(0.5)
             _kill(proc)
 
-    def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, Connection]:
-        parent, child = _CONTEXT.Pipe(duplex=True)
+    def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, _Channel]:
+        pipe, child = _CONTEXT.Pipe(duplex=True)
         proc = _CONTEXT.Process(target=worker_main, args=(child, self.spec), name=f"appliance-worker-{index}",
                                 daemon=True)
         proc.start()
         child.close()
+        parent = _Channel(pipe)
         with self._cond:
             self._procs[index] = proc
         try:
@@ -289,7 +311,7 @@ class WorkerPool:
         except Exception as e:  # noqa: BLE001 - metrics must never stop supervision
             log.error("restart observer failed: %s", e)
 
-    def _recv(self, conn: Connection, proc: multiprocessing.process.BaseProcess, budget_s: float,
+    def _recv(self, conn: _Channel, proc: multiprocessing.process.BaseProcess, budget_s: float,
               index: int | None = None) -> Any:
         """Wait for one message within ``budget_s``.
 
@@ -325,7 +347,7 @@ class WorkerPool:
             budget = min(budget, max(0.05, request.deadline - self.clock.monotonic() + 0.25))
         return budget
 
-    def _run(self, conn: Connection | None, job: Job) -> int:
+    def _run(self, conn: _Channel | None, job: Job) -> int:
         """Run one job on one worker; return the worker's RSS after it. Raises _WorkerLost."""
         assert conn is not None
         index, worker = self._proc_for()
@@ -359,19 +381,24 @@ class WorkerPool:
             job.fail(e)
             self._send(conn, worker, index, ("drop", job.id))
             return int(rss)
+        forgotten = False  # the worker forgets the instance with its answer to the last frame
         for i, item in enumerate(items):
+            last = i == len(items) - 1
             try:
-                rss = self._frame(conn, worker, index, job, item, parse_ms if i == 0 else 0.0)
+                after = self._frame(conn, worker, index, job, item, parse_ms if i == 0 else 0.0, last)
             except _WorkerLost as lost:
                 self.batcher.frame_failed(item, lost.error)
                 rest = Unavailable("not decoded: the worker was replaced on an earlier frame", reason="DECODER_LOST")
                 for other in items[i + 1 :]:
                     self.batcher.frame_failed(other, rest)
                 raise
-        self._send(conn, worker, index, ("drop", job.id))
+            if after is not None:
+                rss, forgotten = after, last
+        if not forgotten:  # no frames, or the last one was skipped (cancelled or expired meanwhile)
+            self._send(conn, worker, index, ("drop", job.id))
         return int(rss)
 
-    def _send(self, conn: Connection, worker: multiprocessing.process.BaseProcess, index: int,
+    def _send(self, conn: _Channel, worker: multiprocessing.process.BaseProcess, index: int,
               msg: tuple[Any, ...]) -> None:
         try:
             conn.send(msg)
@@ -380,13 +407,14 @@ class WorkerPool:
             raise _WorkerLost("crashed", DicomError("decoder failed: the preprocessing worker died",
                                                     field="dicom.PixelData")) from None
 
-    def _frame(self, conn: Connection, worker: multiprocessing.process.BaseProcess, index: int, job: Job,
-               item: WorkItem, parse_ms: float) -> int:
+    def _frame(self, conn: _Channel, worker: multiprocessing.process.BaseProcess, index: int, job: Job,
+               item: WorkItem, parse_ms: float, last: bool) -> int | None:
+        """Decode one frame; return the worker's RSS after it, or None if it was skipped (not sent)."""
         if not self.batcher.begin_frame(item):  # cancelled or expired meanwhile
-            return 0
+            return None
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock, self._step(index):
-            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot))
+            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot, last))
             msg = self._recv(conn, worker, self._budget(job.request), index)
         if msg[0] == "error":
             self.batcher.frame_failed(item, decode_error(msg[2]))

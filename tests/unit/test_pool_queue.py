@@ -92,9 +92,11 @@ class _Pipe:
     def __init__(self, lock: threading.Lock, replies: list[tuple[object, ...]]) -> None:
         self.lock, self.replies = lock, replies
         self.sent: list[tuple[object, bool]] = []
+        self.messages: list[tuple[object, ...]] = []
 
     def send(self, msg: tuple[object, ...]) -> None:
         self.sent.append((msg[0], self.lock.locked()))
+        self.messages.append(msg)
 
     def send_bytes(self, data: bytes) -> None:
         self.sent.append(("bytes", self.lock.locked()))
@@ -107,11 +109,12 @@ class _Pipe:
 
 
 class _Batcher:
-    def __init__(self) -> None:
+    def __init__(self, skip: frozenset[int] = frozenset()) -> None:
         self.ready: list[tuple[float, float]] = []
+        self.skip = skip  # frame indexes whose request was cancelled before they were decoded
 
     def begin_frame(self, item: WorkItem) -> bool:
-        return True
+        return item.frame_index not in self.skip
 
     def frame_ready(self, item: WorkItem, info: object, ms: float, parse_ms: float) -> None:
         item.state = ItemState.READY
@@ -130,6 +133,38 @@ def test_sequential_mode_holds_the_stage_lock_while_a_file_is_parsed_and_while_a
     runner = threading.Thread(target=pool._run, args=(pipe, job), name="worker-0")
     runner.start()
     runner.join(5)
-    assert pipe.sent == [("parse", True), ("bytes", True), ("frame", True), ("drop", False)]
+    # the only frame is the last: the worker forgets the instance with its answer, so no drop message follows
+    assert pipe.sent == [("parse", True), ("bytes", True), ("frame", True)]
+    assert pipe.messages[-1] == ("frame", job.id, 0, 3, True)
     assert item.state == ItemState.READY
     assert batcher.ready == [(1.0, 0.5)]  # the file's parse time reaches the batcher with its first frame
+
+
+def _run_frames(n_frames: int, skip: frozenset[int]) -> _Pipe:
+    """Run a job of ``n_frames`` frames (those in ``skip`` cancelled before decoding) against a pipe that answers."""
+    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=_Batcher(skip),  # type: ignore[arg-type]
+                      clock=ManualClock())
+    pool._procs[0] = None  # type: ignore[assignment]
+    request = Request("r", "stub", Priority.BATCH, None, 0.0)
+    items = [WorkItem(request, i, slot=i) for i in range(n_frames)]
+    job = Job(request, b"DICM", "stub", admit=lambda n, uid: items, fail=lambda e: None)
+    decoded = [("frame", job.id, None, 1.0, 0)] * (n_frames - len(skip))
+    pipe = _Pipe(threading.Lock(), [("parsed", job.id, n_frames, "1.2.3", 0, 0.5), *decoded])
+    runner = threading.Thread(target=pool._run, args=(pipe, job), name="worker-0")
+    runner.start()
+    runner.join(5)
+    return pipe
+
+
+def test_only_the_last_frame_message_tells_the_worker_to_forget_the_instance() -> None:
+    pipe = _run_frames(3, frozenset())
+    assert [m for m in pipe.messages if m[0] != "parse"] == [
+        ("frame", pipe.messages[0][1], 0, 0, False), ("frame", pipe.messages[0][1], 1, 1, False),
+        ("frame", pipe.messages[0][1], 2, 2, True)]
+
+
+def test_a_job_whose_last_frame_is_skipped_ends_with_a_drop_message() -> None:
+    pipe = _run_frames(3, frozenset({2}))  # cancelled after two frames were decoded
+    job_id = pipe.messages[0][1]
+    assert [m for m in pipe.messages if m[0] != "parse"] == [
+        ("frame", job_id, 0, 0, False), ("frame", job_id, 1, 1, False), ("drop", job_id)]

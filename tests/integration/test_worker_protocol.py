@@ -1,0 +1,103 @@
+"""A real worker process over its pipe: the protocol of appliance.workers.child, message by message."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+
+from appliance import dicom
+from appliance.pipeline.loader import load_pipelines
+from appliance.tools import synthetic
+from appliance.workers import child
+from appliance.workers.arena import SlotArena
+from appliance.workers.child import WorkerSpec, worker_main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def worker(models_dir: Path) -> Iterator[tuple[object, SlotArena]]:
+    pipeline = load_pipelines(REPO / "pipelines", models_dir)["ct-nodule"]
+    arena = SlotArena.create(2, tuple(pipeline.input_shape))
+    spec = WorkerSpec(arena=arena.spec, pipelines_dir=str(REPO / "pipelines"), models_dir=str(models_dir),
+                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0)
+    ctx = mp.get_context("forkserver")
+    conn, end = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=worker_main, args=(end, spec), daemon=True)
+    proc.start()
+    end.close()
+    assert conn.poll(60) and conn.recv()[0] == "ready"
+    try:
+        yield conn, arena
+    finally:
+        conn.send(("stop",))
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+        arena.close()
+
+
+def _file(seed: int, frames: int) -> bytes:
+    """A synthetic CT slice, repeated as ``frames`` frames of one instance."""
+    ds = pydicom.dcmread(io.BytesIO(synthetic.to_dicom(synthetic.generate_slice(seed, size=256))))
+    pixels = ds.pixel_array
+    ds.NumberOfFrames = frames
+    ds.PixelData = np.stack([pixels] * frames).tobytes()
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
+
+
+def _parse(conn: object, job: int, frames: int) -> None:
+    data = _file(job, frames)
+    conn.send(("parse", job, "ct-nodule"))  # type: ignore[attr-defined]
+    conn.send_bytes(data)  # type: ignore[attr-defined]
+    reply = conn.recv()  # type: ignore[attr-defined]
+    assert reply[:3] == ("parsed", job, frames), reply
+
+
+def test_the_last_frame_message_makes_the_worker_forget_the_instance(worker: tuple[object, SlotArena]) -> None:
+    conn, arena = worker
+    _parse(conn, 1, 2)
+    conn.send(("frame", 1, 0, 0, False))  # type: ignore[attr-defined]
+    assert conn.recv()[:2] == ("frame", 1)  # type: ignore[attr-defined]
+    assert np.abs(arena.slots[0]).sum() > 0  # decoded straight into the slot
+    conn.send(("frame", 1, 1, 1, True))  # type: ignore[attr-defined]
+    assert conn.recv()[:2] == ("frame", 1)  # type: ignore[attr-defined]
+    conn.send(("frame", 1, 0, 0, False))  # asked again after the last frame: the instance is gone
+    reply = conn.recv()  # type: ignore[attr-defined]
+    assert reply[0] == "error" and "lost the parsed instance" in reply[2][1], reply
+
+
+def test_drop_forgets_an_instance_whose_last_frame_was_never_asked_for(worker: tuple[object, SlotArena]) -> None:
+    conn, _ = worker
+    _parse(conn, 2, 2)
+    conn.send(("drop", 2))  # type: ignore[attr-defined]
+    conn.send(("frame", 2, 0, 0, True))  # type: ignore[attr-defined]
+    reply = conn.recv()  # type: ignore[attr-defined]
+    assert reply[0] == "error" and "lost the parsed instance" in reply[2][1], reply
+    _parse(conn, 3, 1)  # the worker goes on with the next job
+    conn.send(("frame", 3, 0, 1, True))  # type: ignore[attr-defined]
+    assert conn.recv()[:2] == ("frame", 3)  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_reads_its_own_memory_figures_not_its_parents() -> None:
+    assert child._rss_bytes() > 0  # opens /proc/self/statm in this process
+    ctx = mp.get_context("fork")
+    conn, end = ctx.Pipe(duplex=False)
+
+    def report() -> None:
+        child._rss_bytes()
+        end.send(child._statm[0] == os.getpid() and child._rss_bytes() > 0)
+
+    proc = ctx.Process(target=report)
+    proc.start()
+    assert conn.poll(30) and conn.recv() is True
+    proc.join(5)

@@ -47,7 +47,8 @@ class Senders:
         if not source or others <= 0:
             return 1.0
         now = self.clock.monotonic()
-        active = any(s != source and (self._in_flight[s] or now - t < ACTIVE_S) for s, t in self._seen.items())
+        # a snapshot: a supervisor thread asks while the event loop may add or forget senders (tuple() is atomic)
+        active = any(s != source and (self._in_flight[s] or now - t < ACTIVE_S) for s, t in tuple(self._seen.items()))
         return SENDER_SHARE if active else 1.0
 
     @contextlib.contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ class RequestPath:
         self._budget = ByteBudget(limits.inflight_bytes)
         self._senders = Senders(clock)  # requests in flight per sender: who gets the whole of a shared bound
         self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
+        self._admission = threading.Lock()  # one admission or one cancel at a time (_admit, _drop)
         self.live = True
 
     @property
@@ -235,7 +237,9 @@ class RequestPath:
                 request = Request(rid, name, priority, deadline, t0, on_done=lambda r: _resolve(loop, done, r))
 
                 def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
-                    return self._admit_from_thread(loop, request, n_frames, sop_uid, admit_frames, source)
+                    if admit_frames is None:  # nothing to wait for: reserve right here, no hop to the event loop
+                        return self._admit(job, n_frames, sop_uid, self._keep_free(source))
+                    return self._admit_stream(loop, job, n_frames, sop_uid, admit_frames)
 
                 job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
                 await self._queue_room(deadline, wait=wait_for_budget, share=share)
@@ -325,30 +329,43 @@ class RequestPath:
         finally:
             self._on_finished(code, self.clock.monotonic() - t0 if code == "OK" else None)
 
-    async def _admit(
-        self, request: Request, n_frames: int, sop_uid: str, admit_frames: Callable[[int], Awaitable[None]] | None,
-        source: str,
-    ) -> list[WorkItem]:
-        request.set_frames(n_frames, sop_uid)
-        if admit_frames is not None:
-            await admit_frames(n_frames)
-        self._check_admitting()
-        # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
-        self.batcher.reserve(request, keep_free=0 if admit_frames is not None else self._keep_free(source))
+    def _admit(self, job: Job, n_frames: int, sop_uid: str, keep_free: int) -> list[WorkItem]:
+        """Reserve one slot per frame of a parsed file (any thread); raise if that is refused or it was cancelled.
+
+        Atomic against :meth:`_drop` (one lock): a cancel either comes first, and nothing is reserved, or finds
+        every frame reserved and frees them. A refused reservation leaves the request with no frames at all.
+        """
+        request = job.request
+        with self._admission:
+            if job.cancelled:
+                raise Unavailable("client cancelled", reason="CANCELLED")
+            request.set_frames(n_frames, sop_uid)
+            try:
+                self._check_admitting()
+                self.batcher.reserve(request, keep_free=keep_free)
+            except BaseException:
+                request.set_frames(0)  # never admitted: a late cancel has nothing to free
+                raise
         return request.items
 
-    def _admit_from_thread(
+    def _admit_stream(
         self,
         loop: asyncio.AbstractEventLoop,
-        request: Request,
+        job: Job,
         n_frames: int,
         sop_uid: str,
-        admit_frames: Callable[[int], Awaitable[None]] | None,
-        source: str,
+        admit_frames: Callable[[int], Awaitable[None]],
     ) -> list[WorkItem]:
-        """Run admission on the event loop (a stream may await its window) and wait for it, bounded."""
-        future = asyncio.run_coroutine_threadsafe(self._admit(request, n_frames, sop_uid, admit_frames, source), loop)
-        left = (request.deadline or self.clock.monotonic() + 30.0) - self.clock.monotonic()
+        """A stream's file: wait on the event loop for the stream's frame window, then admit; bounded wait."""
+
+        async def admit() -> list[WorkItem]:
+            await admit_frames(n_frames)
+            # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
+            return self._admit(job, n_frames, sop_uid, keep_free=0)
+
+        future = asyncio.run_coroutine_threadsafe(admit(), loop)
+        deadline = job.request.deadline
+        left = (deadline or self.clock.monotonic() + 30.0) - self.clock.monotonic()
         try:
             return future.result(timeout=max(0.01, left))
         except TimeoutError:
@@ -379,9 +396,11 @@ class RequestPath:
             raise failure
 
     def _drop(self, request: Request, job: Job | None, error: ApplianceError) -> None:
-        if job is not None:
-            self.pool.cancel(job)
-        if request.items:
+        with self._admission:  # not halfway through an admission on a supervisor thread (see _admit)
+            if job is not None:
+                self.pool.cancel(job)
+            admitted = bool(request.items)
+        if admitted:
             self.batcher.cancel(request, error)
 
     def _analysis(self, request: Request, t0: float) -> Analysis:

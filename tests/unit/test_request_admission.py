@@ -1,0 +1,102 @@
+"""Admission of a parsed file against a client's cancel: all or nothing, whichever thread gets there first.
+
+A file's slots are reserved on the worker pool's supervisor thread while the event loop may cancel the request
+(client gone, deadline). ``RequestPath._admit`` and ``RequestPath._drop`` exclude each other, so a cancel either
+comes first (nothing is reserved) or frees every reserved slot, and a refused reservation leaves no frames behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from appliance.batching.batcher import Batcher, BatcherConfig
+from appliance.batching.work import ItemState, Priority, Request
+from appliance.clock import ManualClock
+from appliance.config import WorkersConfig
+from appliance.engines.fake import FakeEngine
+from appliance.errors import LimitExceeded, Overloaded, Unavailable
+from appliance.serving.analyze import PathLimits, RequestPath
+from appliance.workers.pool import Job, WorkerPool
+
+CANCEL = Unavailable("client cancelled", reason="CANCELLED")
+
+
+def _path(manifest: Any, capacity: int = 8) -> RequestPath:
+    clock = ManualClock(100.0)
+    engine = FakeEngine(manifest, manifest.artifact(), {"clock": clock})
+    engine.load()
+    batcher = Batcher(engine, BatcherConfig(queue_capacity=capacity), clock=clock)
+    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=batcher,  # type: ignore[arg-type]
+                      clock=clock)  # never started: only its cancel() is used
+    limits = PathLimits(max_message_bytes=1 << 20, inflight_bytes=1 << 20, default_deadline_s=10.0)
+    return RequestPath(model=None, pipelines=frozenset({"stub"}), default_pipeline="stub",  # type: ignore[arg-type]
+                       pool=pool, batcher=batcher, postprocess=None, clock=clock,  # type: ignore[arg-type]
+                       limits=limits, check_admitting=lambda: None)
+
+
+def _job(name: str = "r") -> Job:
+    request = Request(name, "stub", Priority.BATCH, None, 100.0)
+    return Job(request, b"DICM", "stub", admit=lambda n, uid: [], fail=lambda e: None)
+
+
+def test_a_cancel_before_admission_reserves_nothing(fake_manifest: Any) -> None:
+    path, job = _path(fake_manifest), _job()
+    path._drop(job.request, job, CANCEL)
+    with pytest.raises(Unavailable, match="cancelled"):
+        path._admit(job, 3, "1.2.3", keep_free=0)
+    assert job.request.items == [] and path.batcher.statistics().depth == 0
+
+
+def test_a_cancel_after_admission_frees_every_slot(fake_manifest: Any) -> None:
+    path, job = _path(fake_manifest), _job()
+    items = path._admit(job, 3, "1.2.3", keep_free=0)
+    assert [i.slot >= 0 for i in items] == [True] * 3 and path.batcher.statistics().depth == 3
+    path._drop(job.request, job, CANCEL)
+    assert all(i.state == ItemState.CANCELLED for i in items)
+    assert path.batcher.statistics().depth == 0 and path.batcher.unfinished == 0
+
+
+@pytest.mark.parametrize("frames, error", [(9, LimitExceeded), (5, Overloaded)])
+def test_a_refused_admission_leaves_no_frames_for_a_later_cancel(fake_manifest: Any, frames: int,
+                                                                 error: type[Exception]) -> None:
+    path = _path(fake_manifest)
+    path._admit(_job("first"), 4, "1.2.3", keep_free=0)  # 4 of 8 slots in use
+    job = _job()
+    with pytest.raises(error):
+        path._admit(job, frames, "1.2.4", keep_free=0)  # 9: more than the inbox holds; 5: more than is free
+    assert job.request.items == []
+    path._drop(job.request, job, CANCEL)  # the client leaves too: nothing of this request is counted
+    assert path.batcher.statistics().depth == 4 and path.batcher.unfinished == 4
+
+
+class _PausingBatcher(Batcher):
+    """Holds every reservation at its start until ``go`` is set: a cancel can arrive in the middle of one."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def reserve(self, request: Request, *, keep_free: int = 0) -> None:
+        self.entered.set()
+        assert self.go.wait(5)
+        super().reserve(request, keep_free=keep_free)
+
+
+def test_a_cancel_in_the_middle_of_an_admission_waits_for_it_then_frees_every_slot(fake_manifest: Any) -> None:
+    path, job = _path(fake_manifest), _job()
+    batcher = _PausingBatcher(path.batcher.engine, path.batcher.config, clock=path.clock)
+    path.batcher = batcher
+    admitting = threading.Thread(target=path._admit, args=(job, 2, "1.2.3"), kwargs={"keep_free": 0})
+    admitting.start()
+    assert batcher.entered.wait(5)  # the frames exist, their slots are not reserved yet
+    cancelling = threading.Thread(target=path._drop, args=(job.request, job, CANCEL))
+    cancelling.start()
+    cancelling.join(0.2)  # (were it not held back, it would cancel frames that hold no slot yet)
+    batcher.go.set()
+    admitting.join(5)
+    cancelling.join(5)
+    assert [i.state for i in job.request.items] == [ItemState.CANCELLED] * 2
+    assert batcher.statistics().depth == 0 and batcher.unfinished == 0

@@ -54,15 +54,21 @@ class Postprocessor:
 
     def __call__(self, outputs: dict[str, np.ndarray], frame_info: Any) -> FrameFindings:
         """Turn one frame's output rows into findings. ``frame_info`` may carry ``original_shape``."""
-        score = float(np.clip(np.asarray(outputs[self.score_output]).reshape(-1)[0], 0.0, 1.0))
+        # scalars are clipped in Python: np.clip on one number costs ~5 us, this whole call ~3 us on the event loop
+        score = _unit(float(np.asarray(outputs[self.score_output]).reshape(-1)[0]))
         label = self.positive if score >= self.threshold else self.negative
         location = None
         if self.heatmap_output is not None:
             hm = np.asarray(outputs[self.heatmap_output], dtype=np.float32)
-            r, c = np.unravel_index(int(np.argmax(hm)), hm.shape)
+            r, c = divmod(int(hm.argmax()), hm.shape[1])  # first maximum in C order, as np.unravel_index
             orig = getattr(frame_info, "original_shape", None) or self.input_hw
             # centre of the map cell, mapped to the original frame's pixel grid
             row = (r + 0.5) * orig[0] / hm.shape[0]
             col = (c + 0.5) * orig[1] / hm.shape[1]
-            location = (float(row), float(col), float(np.clip(hm[r, c], 0.0, 1.0)))
+            location = (float(row), float(col), _unit(float(hm[r, c])))
         return FrameFindings(label, score, {self.positive: score, self.negative: 1.0 - score}, location)
+
+
+def _unit(value: float) -> float:
+    """``value`` clipped to [0, 1] (NaN stays NaN, as with np.clip)."""
+    return min(max(value, 0.0), 1.0)

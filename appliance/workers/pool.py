@@ -17,18 +17,17 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
-import select
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import WorkersConfig
 from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
+from appliance.workers.channel import Channel
 from appliance.workers.child import WorkerSpec, decode_error, worker_main
 from appliance.workers.jobqueue import JobQueue
 
@@ -72,26 +71,6 @@ class Job:
     def priority(self) -> Priority:
         """Its request's scheduling class."""
         return self.request.priority
-
-
-class _Channel:
-    """The daemon's end of one worker's pipe.
-
-    ``Connection.poll`` builds and tears down a selector on every call; this keeps one ``select.poll`` for the
-    pipe's life, which halves the supervisor's cost of a message (docs/performance.md, section 5).
-    """
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.send = conn.send
-        self.send_bytes = conn.send_bytes
-        self.recv = conn.recv
-        self._poller = select.poll()
-        self._poller.register(conn.fileno(), select.POLLIN)
-
-    def poll(self, timeout_s: float) -> bool:
-        """True when a message (or the end of the pipe: recv then raises EOFError) is waiting."""
-        return bool(self._poller.poll(timeout_s * 1000.0))
 
 
 class _WorkerLost(Exception):
@@ -239,9 +218,12 @@ class WorkerPool:
 
     def _supervise(self, index: int) -> None:
         proc: multiprocessing.process.BaseProcess | None = None
-        conn: _Channel | None = None
+        conn: Channel | None = None
         while not self._stopping:
-            if proc is None or conn is None or not proc.is_alive():
+            if proc is not None and conn is not None and conn.exited():
+                self._retire(index, proc, "crashed", f"exited while idle (exit code {proc.exitcode})")
+                proc = conn = None
+            if proc is None or conn is None:
                 try:
                     proc, conn = self._spawn(index)
                 except _WorkerLost as lost:
@@ -252,6 +234,9 @@ class WorkerPool:
             if job is None:
                 break
             try:
+                if conn.exited():  # died while this thread waited for a job (OOM killer, a signal): not its fault
+                    self._retire(index, proc, "crashed", f"exited while idle (exit code {proc.exitcode})")
+                    proc, conn = self._respawn_for(index, job)
                 rss = self._run(conn, job)
                 if rss > self.config.recycle_rss_bytes:
                     self._retire(index, proc, "recycle", f"RSS {rss} bytes over workers.recycle_rss_bytes")
@@ -276,13 +261,13 @@ class WorkerPool:
             proc.join(0.5)
             _kill(proc)
 
-    def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, _Channel]:
+    def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, Channel]:
         pipe, child = _CONTEXT.Pipe(duplex=True)
         proc = _CONTEXT.Process(target=worker_main, args=(child, self.spec), name=f"appliance-worker-{index}",
                                 daemon=True)
         proc.start()
         child.close()
-        parent = _Channel(pipe)
+        parent = Channel(pipe, proc.sentinel)
         with self._cond:
             self._procs[index] = proc
         try:
@@ -299,6 +284,14 @@ class WorkerPool:
             self._cond.notify_all()
         return proc, parent
 
+    def _respawn_for(self, index: int, job: Job) -> tuple[multiprocessing.process.BaseProcess, Channel]:
+        """Start a new worker for ``job``; if that fails, answer the job and raise _WorkerLost."""
+        try:
+            return self._spawn(index)
+        except _WorkerLost as lost:
+            job.fail(lost.error)
+            raise
+
     def _retire(self, index: int, proc: multiprocessing.process.BaseProcess, reason: str, detail: str) -> None:
         """Kill a worker and count the restart, before the item it held is answered."""
         _kill(proc)
@@ -311,7 +304,7 @@ class WorkerPool:
         except Exception as e:  # noqa: BLE001 - metrics must never stop supervision
             log.error("restart observer failed: %s", e)
 
-    def _recv(self, conn: _Channel, proc: multiprocessing.process.BaseProcess, budget_s: float,
+    def _recv(self, conn: Channel, proc: multiprocessing.process.BaseProcess, budget_s: float,
               index: int | None = None) -> Any:
         """Wait for one message within ``budget_s``.
 
@@ -347,7 +340,7 @@ class WorkerPool:
             budget = min(budget, max(0.05, request.deadline - self.clock.monotonic() + 0.25))
         return budget
 
-    def _run(self, conn: _Channel | None, job: Job) -> int:
+    def _run(self, conn: Channel | None, job: Job) -> int:
         """Run one job on one worker; return the worker's RSS after it. Raises _WorkerLost."""
         assert conn is not None
         index, worker = self._proc_for()
@@ -398,7 +391,7 @@ class WorkerPool:
             self._send(conn, worker, index, ("drop", job.id))
         return int(rss)
 
-    def _send(self, conn: _Channel, worker: multiprocessing.process.BaseProcess, index: int,
+    def _send(self, conn: Channel, worker: multiprocessing.process.BaseProcess, index: int,
               msg: tuple[Any, ...]) -> None:
         try:
             conn.send(msg)
@@ -407,7 +400,7 @@ class WorkerPool:
             raise _WorkerLost("crashed", DicomError("decoder failed: the preprocessing worker died",
                                                     field="dicom.PixelData")) from None
 
-    def _frame(self, conn: _Channel, worker: multiprocessing.process.BaseProcess, index: int, job: Job,
+    def _frame(self, conn: Channel, worker: multiprocessing.process.BaseProcess, index: int, job: Job,
                item: WorkItem, parse_ms: float, last: bool) -> int | None:
         """Decode one frame; return the worker's RSS after it, or None if it was skipped (not sent)."""
         if not self.batcher.begin_frame(item):  # cancelled or expired meanwhile

@@ -1,23 +1,29 @@
-"""A real worker process over its pipe: the protocol of appliance.workers.child, message by message."""
+"""A real worker process over its pipe: the protocol of appliance.workers.child, message by message; and a
+worker that dies while idle."""
 
 from __future__ import annotations
 
 import io
 import multiprocessing as mp
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pydicom
 import pytest
 
 from appliance import dicom
 from appliance.pipeline.loader import load_pipelines
+from appliance.proto.v1 import inference_pb2 as pb
+from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import synthetic
 from appliance.workers import child
 from appliance.workers.arena import SlotArena
 from appliance.workers.child import WorkerSpec, worker_main
+from tests.support import RunningApp, fake_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,3 +107,25 @@ def test_a_forked_child_reads_its_own_memory_figures_not_its_parents() -> None:
     proc.start()
     assert conn.poll(30) and conn.recv() is True
     proc.join(5)
+
+
+def test_a_worker_that_dies_while_idle_is_replaced_and_counted_before_the_next_file_reaches_it(
+        models_dir: Path) -> None:
+    app = RunningApp(fake_config(models_dir, batcher={"preprocess_workers": 2}))
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            stub = pb_grpc.InferenceStub(ch)
+            data = synthetic.to_dicom(synthetic.generate_slice(7, size=256))
+            assert len(stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30).frames) == 1
+            pool = app.app.pool
+            victims = list(pool._procs.values())
+            for proc in victims:  # both idle: the OOM killer, or an operator's kill
+                os.kill(proc.pid, signal.SIGKILL)
+            for proc in victims:
+                proc.join(10)
+            for _ in range(4):  # every file is answered; none is sent to a dead worker
+                assert len(stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30).frames) == 1
+            assert pool.restarts == 2
+            assert all(p.is_alive() and p not in victims for p in pool._procs.values())
+    finally:
+        app.stop()

@@ -90,6 +90,9 @@ class WorkersConfig(Schema, frozen=True):
     # Free heap each worker (and the daemon) keeps for reuse instead of returning it to the kernel (glibc
     # malloc thresholds, appliance.heap); 0 = glibc's defaults, which cost ~600 page faults per 512x512 slice.
     heap_keep_bytes: Annotated[int, _range(0, 1 << 30)] = 64 << 20
+    # Shared-memory buffer per worker that carries a request's DICOM file to it (the daemon writes, the worker
+    # copies it out and zeroes it); a larger file goes through the worker's pipe. 0 = always the pipe.
+    input_buffer_bytes: Annotated[int, _range(0, 1 << 30)] = 4 << 20
 
 
 class ServerConfig(Schema, frozen=True):

@@ -1,9 +1,10 @@
 """What the worker process costs on top of its work: CPU and minor page faults per file, sequential, no load.
 
-    python bench/worker_overhead.py [WORKLOAD=native] [REPS=10] [HEAP_KEEP_BYTES=64 MiB]
+    python bench/worker_overhead.py [WORKLOAD=native] [REPS=10] [HEAP_KEEP_BYTES=64 MiB] [INPUT_BUFFER_BYTES=4 MiB]
 
 Runs the same calls a worker makes (``dicom.parse`` + ``Pipeline.check`` + ``Pipeline.run`` into a slot) on 32
-workload files in this process, then through a real worker process and its pipe protocol (parse, last frame),
+workload files in this process, then through a real worker process and its protocol (the file through the shared
+input buffer, or the pipe with INPUT_BUFFER_BYTES 0; parse, last frame),
 and prints CPU ms and minor faults per file for both. docs/performance.md ("Heap") quotes it.
 """
 
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
     workload = argv[1] if len(argv) > 1 else "native"
     reps = int(argv[2]) if len(argv) > 2 else 10
     keep = int(argv[3]) if len(argv) > 3 else 64 << 20
+    pipe_over = int(argv[4]) if len(argv) > 4 else 4 << 20  # [workers] input_buffer_bytes; 0: every file by pipe
     files = synthetic.workload(workload, 32, 0)
     pipeline = load_pipelines(REPO / "pipelines", REPO / "models")["ct-nodule"]
     slot = np.zeros(pipeline.input_shape, np.float32)
@@ -50,8 +52,10 @@ def main(argv: list[str]) -> int:
     f_local = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / n
 
     arena = SlotArena.create(2, tuple(pipeline.input_shape))
+    inputs = SlotArena.create(1, (pipe_over,), "uint8") if pipe_over else None  # the daemon's input buffer
     spec = WorkerSpec(arena=arena.spec, pipelines_dir=str(REPO / "pipelines"), models_dir=str(REPO / "models"),
-                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, heap_keep_bytes=keep)
+                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, heap_keep_bytes=keep,
+                      inputs=inputs.spec if inputs is not None else None)
     ctx = mp.get_context("forkserver")
     conn, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=worker_main, args=(child, spec))
@@ -63,8 +67,12 @@ def main(argv: list[str]) -> int:
     def remote(data: bytes) -> None:
         nonlocal job
         job += 1
-        conn.send(("parse", job, pipeline.name))
-        conn.send_bytes(data)
+        if inputs is not None and len(data) <= pipe_over:
+            inputs.slots[0][: len(data)] = np.frombuffer(data, np.uint8)
+            conn.send(("parse", job, pipeline.name, len(data)))
+        else:
+            conn.send(("parse", job, pipeline.name, -1))
+            conn.send_bytes(data)
         assert conn.recv()[0] == "parsed"
         conn.send(("frame", job, 0, 0, True))  # the last frame: the worker forgets the instance after it
         assert conn.recv()[0] == "frame"
@@ -83,6 +91,8 @@ def main(argv: list[str]) -> int:
         conn.send(("stop",))
         proc.join(5)
         arena.close()
+        if inputs is not None:
+            inputs.close()
     print(f"{workload}, heap_keep_bytes {keep}: in one process {t_local:.2f} ms/file, {f_local:.0f} faults/file; "
           f"worker process {(c1 - c0) / n * 1000:.2f} ms/file, {(m1 - m0) / n:.0f} faults/file; "
           f"daemon side (send + wait) {t_send:.2f} ms/file")

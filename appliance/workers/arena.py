@@ -1,5 +1,9 @@
 """The slot arena: ``capacity`` model inputs in one shared-memory file that every process maps.
 
+The same mapping, as bytes, carries each worker's input buffer: the daemon writes a request's DICOM file there
+and the worker copies it out, where a pipe would cost a copy into and out of the kernel on each side
+(:mod:`appliance.workers.pool`).
+
 The daemon creates it (``SlotArena.create``); each preprocessing worker process maps the same file
 (``SlotArena.attach``) and writes a frame's model input straight into its slot; the engine thread gathers slots
 into the batch buffer. Only slot indices cross the worker pipes, never pixels (docs/robustness.md).
@@ -30,25 +34,27 @@ def _shm_dir() -> Path:
 
 
 class SlotArena:
-    """A float32 array ``[capacity, *item_shape]`` backed by a shared file mapping."""
+    """An array ``[capacity, *item_shape]`` (float32 model inputs, or uint8 bytes) backed by a shared file mapping."""
 
-    def __init__(self, path: Path, capacity: int, item_shape: tuple[int, ...], *, owner: bool) -> None:
+    def __init__(self, path: Path, capacity: int, item_shape: tuple[int, ...], dtype: str = "float32", *,
+                 owner: bool) -> None:
         self.path = path
         self.capacity = capacity
         self.item_shape = tuple(item_shape)
+        self.dtype = dtype
         self.owner = owner  # the daemon owns (and unlinks) it; workers only map it
-        nbytes = capacity * int(np.prod(self.item_shape)) * 4
+        nbytes = capacity * int(np.prod(self.item_shape)) * np.dtype(dtype).itemsize
         fd = os.open(path, os.O_RDWR)
         try:
             self._map = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        self.slots: np.ndarray = np.frombuffer(self._map, dtype=np.float32).reshape(capacity, *self.item_shape)
+        self.slots: np.ndarray = np.frombuffer(self._map, dtype=dtype).reshape(capacity, *self.item_shape)
 
     @classmethod
-    def create(cls, capacity: int, item_shape: tuple[int, ...]) -> SlotArena:
+    def create(cls, capacity: int, item_shape: tuple[int, ...], dtype: str = "float32") -> SlotArena:
         """Create a zeroed arena file (mode 0600) and map it; remove arenas left by daemons that were killed."""
-        nbytes = capacity * int(np.prod(item_shape)) * 4
+        nbytes = capacity * int(np.prod(item_shape)) * np.dtype(dtype).itemsize
         _remove_stale(_shm_dir())
         path = _shm_dir() / f"edge-appliance-{os.getpid()}-{secrets.token_hex(4)}.slots"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -56,21 +62,21 @@ class SlotArena:
             os.ftruncate(fd, nbytes)
         finally:
             os.close(fd)
-        return cls(path, capacity, item_shape, owner=True)
+        return cls(path, capacity, item_shape, dtype, owner=True)
 
     @classmethod
-    def attach(cls, path: str | Path, capacity: int, item_shape: tuple[int, ...]) -> SlotArena:
+    def attach(cls, path: str | Path, capacity: int, item_shape: tuple[int, ...], dtype: str = "float32") -> SlotArena:
         """Map an arena created by the daemon (in a worker process)."""
-        return cls(Path(path), capacity, item_shape, owner=False)
+        return cls(Path(path), capacity, item_shape, dtype, owner=False)
 
     @property
-    def spec(self) -> tuple[str, int, tuple[int, ...]]:
-        """What a worker needs to attach: (path, capacity, item_shape)."""
-        return str(self.path), self.capacity, self.item_shape
+    def spec(self) -> tuple[str, int, tuple[int, ...], str]:
+        """What a worker needs to attach: (path, capacity, item_shape, dtype)."""
+        return str(self.path), self.capacity, self.item_shape, self.dtype
 
     def close(self) -> None:
         """Unmap; the owner also removes the file."""
-        self.slots = np.empty((0, *self.item_shape), np.float32)
+        self.slots = np.empty((0, *self.item_shape), self.dtype)
         try:
             self._map.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes with the process

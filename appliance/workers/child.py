@@ -3,7 +3,7 @@
 One worker runs one request at a time, driven by its supervisor thread in the daemon over a duplex pipe
 (:mod:`appliance.workers.pool`). Messages, daemon -> worker::
 
-    ("parse", job_id, pipeline_name) + send_bytes(dicom)   -> ("parsed", job_id, n_frames, sop_uid, rss, ms)
+    ("parse", job_id, pipeline_name, size)                  -> ("parsed", job_id, n_frames, sop_uid, rss, ms)
     ("frame", job_id, frame_index, slot, last)              -> ("frame", job_id, frame_info, ms, rss)
     ("drop", job_id)                                        -> (no reply: forget the parsed instance)
 
@@ -11,8 +11,10 @@ A frame message with ``last`` true also forgets the instance once it is answered
 message); the daemon sends ``drop`` only when a job ends before its last frame was asked for.
     ("stop",)                                               -> (exit 0)
 
-and any step may answer ``("error", job_id, encoded_error, rss)`` instead. Only small metadata crosses the pipe;
-the model input goes into the slot arena.
+and any step may answer ``("error", job_id, encoded_error, rss)`` instead. The DICOM file is the first ``size``
+bytes of the worker's shared input buffer (the worker copies it out and zeroes them), or, with ``size`` -1, follows
+on the pipe (``send_bytes``: a file larger than the buffer). Otherwise only small metadata crosses the pipe; the
+model input goes into the slot arena.
 
 Whatever the foreign decoder does, the worker answers or dies: Python exceptions (a Rust panic is a
 ``BaseException``) become an error reply; ``MemoryError`` under the address-space limit becomes
@@ -58,7 +60,7 @@ FAULTS = {"1": "segfault", "2": "abort", "3": "panic", "4": "alloc", "5": "spin"
 class WorkerSpec:
     """Everything a worker needs to start (pickled to the fork server once per worker)."""
 
-    arena: tuple[str, int, tuple[int, ...]]  # SlotArena.spec
+    arena: tuple[str, int, tuple[int, ...], str]  # SlotArena.spec
     pipelines_dir: str
     models_dir: str
     model: str  # only pipelines for this model are loaded
@@ -67,6 +69,8 @@ class WorkerSpec:
     nice: int = 0  # added to the worker's niceness: the engine thread and the event loop come first
     heap_keep_bytes: int = 0  # free heap the worker keeps for reuse (appliance.heap); 0 = glibc's defaults
     faults: bool = False  # test-only fault injection
+    inputs: tuple[str, int, tuple[int, ...], str] | None = None  # SlotArena.spec of the input buffers, one per worker
+    index: int = 0  # which worker this is: its input buffer
 
 
 class _Panic(BaseException):
@@ -159,6 +163,7 @@ class _Worker:
         self.conn = conn
         self.spec = spec
         self.arena = SlotArena.attach(*spec.arena)
+        self.inbox = SlotArena.attach(*spec.inputs).slots[spec.index] if spec.inputs is not None else None
         self.pipelines: dict[str, Pipeline] = {
             name: p
             for name, p in load_pipelines(Path(spec.pipelines_dir), Path(spec.models_dir)).items()
@@ -179,7 +184,7 @@ class _Worker:
                 continue
             job = msg[1]
             try:
-                reply = self._parse(job, msg[2]) if op == "parse" else self._frame(job, msg[2], msg[3])
+                reply = self._parse(job, msg[2], msg[3]) if op == "parse" else self._frame(job, msg[2], msg[3])
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - foreign code: every failure becomes this item's error
@@ -188,8 +193,14 @@ class _Worker:
                 self.job = self.instance = self.pipeline = None
             self.conn.send(reply)
 
-    def _parse(self, job: int, pipeline_name: str) -> tuple[Any, ...]:
-        data = self.conn.recv_bytes()
+    def _parse(self, job: int, pipeline_name: str, size: int) -> tuple[Any, ...]:
+        if size < 0:
+            data = self.conn.recv_bytes()
+        elif self.inbox is not None and size <= self.inbox.size:
+            data = self.inbox[:size].tobytes()
+            self.inbox[:size] = 0  # a patient's file stays in shared memory no longer than this copy takes
+        else:
+            raise ApplianceError(f"internal error: a file of {size} bytes cannot be in the worker's input buffer")
         t0 = time.perf_counter()
         self.job, self.instance, self.pipeline = job, None, None
         pipeline = self.pipelines.get(pipeline_name)

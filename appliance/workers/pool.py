@@ -14,6 +14,7 @@ answered without being started.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import multiprocessing
@@ -23,10 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import WorkersConfig
 from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
+from appliance.workers.arena import SlotArena
 from appliance.workers.channel import Channel
 from appliance.workers.child import WorkerSpec, decode_error, worker_main
 from appliance.workers.jobqueue import JobQueue
@@ -111,11 +115,15 @@ class WorkerPool:
         self.restarts = 0
         self.last_progress = self.clock.monotonic()
         self._started = 0  # workers that reported ready at least once
+        self._inputs: SlotArena | None = None  # each worker's shared input buffer (start() creates them)
 
     # ---- daemon side ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the supervisor threads; each starts its worker process. Returns at once."""
+        if self.config.input_buffer_bytes > 0:
+            self._inputs = SlotArena.create(self.workers, (self.config.input_buffer_bytes,), "uint8")
+            self.spec = dataclasses.replace(self.spec, inputs=self._inputs.spec)
         for i in range(self.workers):
             thread = threading.Thread(target=self._supervise, args=(i,), name=f"worker-{i}", daemon=True)
             thread.start()
@@ -190,6 +198,8 @@ class WorkerPool:
             procs = list(self._procs.values())
         for proc in procs:
             _kill(proc)
+        if self._inputs is not None:
+            self._inputs.close()
 
     # ---- supervisor threads ---------------------------------------------------------------------------------
 
@@ -263,8 +273,8 @@ class WorkerPool:
 
     def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, Channel]:
         pipe, child = _CONTEXT.Pipe(duplex=True)
-        proc = _CONTEXT.Process(target=worker_main, args=(child, self.spec), name=f"appliance-worker-{index}",
-                                daemon=True)
+        spec = dataclasses.replace(self.spec, index=index)  # which input buffer is its own
+        proc = _CONTEXT.Process(target=worker_main, args=(child, spec), name=f"appliance-worker-{index}", daemon=True)
         proc.start()
         child.close()
         parent = Channel(pipe, proc.sentinel)
@@ -346,10 +356,16 @@ class WorkerPool:
         index, worker = self._proc_for()
         data, job.data = job.data, None
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
+        data = data or b""
+        inbox = self._inputs.slots[index] if self._inputs is not None else None
         with lock, self._step(index):  # sequential mode: parsing is preprocessing too
             try:
-                conn.send(("parse", job.id, job.pipeline))
-                conn.send_bytes(data or b"")
+                if inbox is not None and len(data) <= inbox.size:  # through shared memory: no copies via the kernel
+                    inbox[: len(data)] = np.frombuffer(data, np.uint8)
+                    conn.send(("parse", job.id, job.pipeline, len(data)))
+                else:
+                    conn.send(("parse", job.id, job.pipeline, -1))
+                    conn.send_bytes(data)
             except OSError:
                 self._retire(index, worker, "crashed", "pipe broken")
                 job.fail(DicomError("decoder failed: the preprocessing worker died", field="dicom.PixelData"))

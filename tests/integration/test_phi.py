@@ -29,6 +29,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import FakeNotifySocket
 from appliance.tools import synthetic
+from appliance.workers.arena import _shm_dir
 from tests.support import REPO, fake_daemon_config, free_port
 
 PHI = {
@@ -179,6 +180,10 @@ def test_nothing_the_daemon_writes_carries_patient_data(daemon) -> None:
         capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     written.append(health.stdout + health.stderr)
+    # shared memory: the slot arena and the workers' input buffers, which held each file until a worker copied it
+    shared = sorted(_shm_dir().glob(f"edge-appliance-{daemon['proc'].pid}-*.slots"))
+    assert len(shared) == 2, shared
+    written.extend(path.read_bytes().decode("latin-1") for path in shared)
     daemon["proc"].send_signal(signal.SIGTERM)
     daemon["proc"].wait(timeout=30)
     log_text = daemon["stderr"].read_text(errors="replace")

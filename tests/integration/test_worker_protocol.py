@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import signal
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import grpc
@@ -26,14 +27,17 @@ from appliance.workers.child import WorkerSpec, worker_main
 from tests.support import RunningApp, fake_config
 
 REPO = Path(__file__).resolve().parents[2]
+INBOX = 1 << 20  # each worker's input buffer in these tests
 
 
 @pytest.fixture
 def worker(models_dir: Path) -> Iterator[tuple[object, SlotArena]]:
     pipeline = load_pipelines(REPO / "pipelines", models_dir)["ct-nodule"]
     arena = SlotArena.create(2, tuple(pipeline.input_shape))
+    inputs = SlotArena.create(2, (INBOX,), "uint8")
     spec = WorkerSpec(arena=arena.spec, pipelines_dir=str(REPO / "pipelines"), models_dir=str(models_dir),
-                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0)
+                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, inputs=inputs.spec, index=1)
+    arena.inbox = inputs.slots[1]  # type: ignore[attr-defined]  # this worker's input buffer, for the tests
     ctx = mp.get_context("forkserver")
     conn, end = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=worker_main, args=(end, spec), daemon=True)
@@ -48,6 +52,7 @@ def worker(models_dir: Path) -> Iterator[tuple[object, SlotArena]]:
         if proc.is_alive():
             proc.kill()
         arena.close()
+        inputs.close()
 
 
 def _file(seed: int, frames: int) -> bytes:
@@ -61,17 +66,24 @@ def _file(seed: int, frames: int) -> bytes:
     return buf.getvalue()
 
 
-def _parse(conn: object, job: int, frames: int) -> None:
+def _parse(conn: object, job: int, frames: int, inbox: np.ndarray | None = None) -> None:
+    """Send a file of ``frames`` frames through the worker's input buffer ``inbox``, or else the pipe."""
     data = _file(job, frames)
-    conn.send(("parse", job, "ct-nodule"))  # type: ignore[attr-defined]
-    conn.send_bytes(data)  # type: ignore[attr-defined]
+    if inbox is not None:
+        inbox[: len(data)] = np.frombuffer(data, np.uint8)
+        conn.send(("parse", job, "ct-nodule", len(data)))  # type: ignore[attr-defined]
+    else:
+        conn.send(("parse", job, "ct-nodule", -1))  # type: ignore[attr-defined]
+        conn.send_bytes(data)  # type: ignore[attr-defined]
     reply = conn.recv()  # type: ignore[attr-defined]
     assert reply[:3] == ("parsed", job, frames), reply
+    if inbox is not None:
+        assert not inbox.any()  # the worker zeroed the file once it had copied it out
 
 
 def test_the_last_frame_message_makes_the_worker_forget_the_instance(worker: tuple[object, SlotArena]) -> None:
     conn, arena = worker
-    _parse(conn, 1, 2)
+    _parse(conn, 1, 2, arena.inbox)  # type: ignore[attr-defined]
     conn.send(("frame", 1, 0, 0, False))  # type: ignore[attr-defined]
     assert conn.recv()[:2] == ("frame", 1)  # type: ignore[attr-defined]
     assert np.abs(arena.slots[0]).sum() > 0  # decoded straight into the slot
@@ -89,7 +101,7 @@ def test_drop_forgets_an_instance_whose_last_frame_was_never_asked_for(worker: t
     conn.send(("frame", 2, 0, 0, True))  # type: ignore[attr-defined]
     reply = conn.recv()  # type: ignore[attr-defined]
     assert reply[0] == "error" and "lost the parsed instance" in reply[2][1], reply
-    _parse(conn, 3, 1)  # the worker goes on with the next job
+    _parse(conn, 3, 1)  # the worker goes on with the next job (this file through the pipe)
     conn.send(("frame", 3, 0, 1, True))  # type: ignore[attr-defined]
     assert conn.recv()[:2] == ("frame", 3)  # type: ignore[attr-defined]
 
@@ -129,3 +141,36 @@ def test_a_worker_that_dies_while_idle_is_replaced_and_counted_before_the_next_f
             assert all(p.is_alive() and p not in victims for p in pool._procs.values())
     finally:
         app.stop()
+
+
+def test_a_file_claimed_larger_than_the_input_buffer_is_an_error_and_the_worker_goes_on(
+        worker: tuple[object, SlotArena]) -> None:
+    conn, arena = worker
+    conn.send(("parse", 4, "ct-nodule", INBOX + 1))  # type: ignore[attr-defined]
+    reply = conn.recv()  # type: ignore[attr-defined]
+    assert reply[0] == "error" and reply[2][0] == "ApplianceError" and "input buffer" in reply[2][1], reply
+    _parse(conn, 5, 1, arena.inbox)  # type: ignore[attr-defined]
+
+
+def test_files_larger_than_the_input_buffer_take_the_pipe(models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small = synthetic.to_dicom(synthetic.generate_slice(3, size=256))
+    large = synthetic.to_dicom(synthetic.generate_slice(3, size=512))
+    piped: list[int] = []
+    send_bytes = Connection.send_bytes
+
+    def record(self: Connection, buf: bytes, *args: int) -> None:  # the daemon's side of every worker pipe
+        piped.append(len(buf))
+        send_bytes(self, buf, *args)
+
+    monkeypatch.setattr(Connection, "send_bytes", record)
+    app = RunningApp(fake_config(models_dir, workers={"input_buffer_bytes": (len(small) + len(large)) // 2}))
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            stub = pb_grpc.InferenceStub(ch)
+            for data in (small, large, small):
+                reply = stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30)
+                assert len(reply.frames) == 1 and reply.status.code == 0
+            assert app.app.pool.restarts == 0
+    finally:
+        app.stop()
+    assert piped == [len(large)]  # the small file twice through the shared buffer, the large one by pipe

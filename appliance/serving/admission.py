@@ -3,8 +3,9 @@
 :class:`ByteBudget` is ``server.inflight_bytes``; the request path also bounds the requests waiting for a worker
 and the inbox's slots (``batcher.queue_capacity``). :class:`Senders` counts each sender's requests in flight and
 when each was last seen, so that while several senders are active one that already has a request in flight gets
-only :data:`SENDER_SHARE` of those bounds (docs/robustness.md, "One sender cannot starve the others"). Event-loop
-only: no locks beyond the budget's asyncio condition.
+only :data:`SENDER_SHARE` of those bounds (docs/robustness.md, "One sender cannot starve the others"). Both are
+changed on the event loop only (no locks beyond the budget's asyncio condition); :meth:`Senders.share` is also read
+from the worker pool's supervisor threads, which admit parsed files, so it reads a snapshot.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ left waiting. On shutdown :meth:`RequestPath.fail_all` answers whatever is left 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import uuid
@@ -371,8 +372,9 @@ class RequestPath:
         except TimeoutError:
             future.cancel()
             raise DeadlineExceeded("deadline passed while waiting for admission") from None
-        except asyncio.CancelledError:
-            raise Unavailable("client cancelled", reason="CANCELLED") from None
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):  # the latter from future.result()
+            raise Unavailable("admission cancelled (client gone, or the daemon is stopping)",
+                              reason="CANCELLED") from None
 
     async def _wait(self, done: asyncio.Future[Request], request: Request, job: Job | None) -> None:
         """Await the answer; on deadline or client cancel, drop the work and free its slots."""

@@ -7,6 +7,7 @@ comes first (nothing is reserved) or frees every reserved slot, and a refused re
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -100,3 +101,30 @@ def test_a_cancel_in_the_middle_of_an_admission_waits_for_it_then_frees_every_sl
     cancelling.join(5)
     assert [i.state for i in job.request.items] == [ItemState.CANCELLED] * 2
     assert batcher.statistics().depth == 0 and batcher.unfinished == 0
+
+
+def test_a_stream_admission_cancelled_on_the_event_loop_is_answered_unavailable(fake_manifest: Any) -> None:
+    path, job = _path(fake_manifest), _job()
+    job.request.deadline = path.clock.monotonic() + 60.0  # far off: only the cancel ends the wait
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    waiting = threading.Event()
+
+    async def window(n_frames: int) -> None:  # a stream's frame window that never opens
+        waiting.set()
+        await asyncio.Event().wait()
+
+    def cancel_all() -> None:  # as at shutdown: every task on the loop is cancelled
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    try:
+        threading.Thread(target=lambda: (waiting.wait(5), loop.call_soon_threadsafe(cancel_all))).start()
+        with pytest.raises(Unavailable, match="cancelled"):
+            path._admit_stream(loop, job, 2, "1.2.3", window)
+        assert job.request.items == [] and path.batcher.statistics().depth == 0
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.close()

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import resource
 import sys
 import time
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from appliance import dicom
 from appliance.pipeline.loader import load_pipelines
 from appliance.tools import benchcost, synthetic
-from appliance.workers.arena import SlotArena
+from appliance.workers.arena import InputBuffer, SlotArena
 from appliance.workers.child import WorkerSpec, worker_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,15 +53,17 @@ def main(argv: list[str]) -> int:
     f_local = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / n
 
     arena = SlotArena.create(2, tuple(pipeline.input_shape))
-    inputs = SlotArena.create(1, (pipe_over,), "uint8") if pipe_over else None  # the daemon's input buffer
+    inputs = InputBuffer(pipe_over) if pipe_over else None  # the worker's input buffer, as in the daemon
     spec = WorkerSpec(arena=arena.spec, pipelines_dir=str(REPO / "pipelines"), models_dir=str(REPO / "models"),
                       model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, heap_keep_bytes=keep,
-                      inputs=inputs.spec if inputs is not None else None)
+                      input_bytes=pipe_over)
     ctx = mp.get_context("forkserver")
     conn, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=worker_main, args=(child, spec))
     proc.start()
     child.close()
+    if inputs is not None:
+        send_handle(conn, inputs.fd, proc.pid or 0)
     assert conn.recv()[0] == "ready"
     job = 0
 
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> int:
         nonlocal job
         job += 1
         if inputs is not None and len(data) <= pipe_over:
-            inputs.slots[0][: len(data)] = np.frombuffer(data, np.uint8)
+            inputs.bytes[: len(data)] = np.frombuffer(data, np.uint8)
             conn.send(("parse", job, pipeline.name, len(data)))
         else:
             conn.send(("parse", job, pipeline.name, -1))

@@ -2,7 +2,7 @@
 
 ``Connection.poll`` and ``Process.is_alive`` each build and tear down a selector on every call; a supervisor
 asks several times per request, so this keeps one ``select.poll`` per question for the pipe's life
-(docs/performance.md, section 5).
+(docs/performance.md, section 2, "Session 10").
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ class Channel:
         """True when a message (or the end of the pipe: recv then raises EOFError) is waiting."""
         return bool(self._poller.poll(timeout_s * 1000.0))
 
-    def exited(self) -> bool:
-        """True once the worker process has exited (without building a selector, as ``is_alive`` does)."""
-        return bool(self._exit.poll(0))
+    def dead(self) -> bool:
+        """True once an idle worker has exited or closed its end (without building a selector, as ``is_alive``).
+
+        Only for a worker between jobs: it never sends unasked, so anything readable is the end of the pipe, which
+        shows as soon as the process dies; its exit sentinel only once the fork server has reaped it.
+        """
+        return bool(self._exit.poll(0)) or bool(self._poller.poll(0))

@@ -12,8 +12,9 @@ message); the daemon sends ``drop`` only when a job ends before its last frame w
     ("stop",)                                               -> (exit 0)
 
 and any step may answer ``("error", job_id, encoded_error, rss)`` instead. The DICOM file is the first ``size``
-bytes of the worker's shared input buffer (the worker copies it out and zeroes them), or, with ``size`` -1, follows
-on the pipe (``send_bytes``: a file larger than the buffer). Otherwise only small metadata crosses the pipe; the
+bytes of the worker's input buffer (the worker copies it out and zeroes them; the buffer's descriptor is the
+daemon's first message, before any of these), or, with ``size`` -1, follows on the pipe (``send_bytes``: a file
+larger than the buffer). Otherwise only small metadata crosses the pipe; the
 model input goes into the slot arena.
 
 Whatever the foreign decoder does, the worker answers or dies: Python exceptions (a Rust panic is a
@@ -34,6 +35,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from appliance.heap import keep_heap
 from appliance.logs import configure_logging
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.preprocess import Pipeline
-from appliance.workers.arena import SlotArena
+from appliance.workers.arena import InputBuffer, SlotArena
 
 __all__ = ["FAULT_ROOT", "FAULTS", "WorkerSpec", "decode_error", "encode_error", "worker_main"]
 
@@ -60,7 +62,7 @@ FAULTS = {"1": "segfault", "2": "abort", "3": "panic", "4": "alloc", "5": "spin"
 class WorkerSpec:
     """Everything a worker needs to start (pickled to the fork server once per worker)."""
 
-    arena: tuple[str, int, tuple[int, ...], str]  # SlotArena.spec
+    arena: tuple[str, int, tuple[int, ...]]  # SlotArena.spec
     pipelines_dir: str
     models_dir: str
     model: str  # only pipelines for this model are loaded
@@ -69,8 +71,8 @@ class WorkerSpec:
     nice: int = 0  # added to the worker's niceness: the engine thread and the event loop come first
     heap_keep_bytes: int = 0  # free heap the worker keeps for reuse (appliance.heap); 0 = glibc's defaults
     faults: bool = False  # test-only fault injection
-    inputs: tuple[str, int, tuple[int, ...], str] | None = None  # SlotArena.spec of the input buffers, one per worker
-    index: int = 0  # which worker this is: its input buffer
+    # Size of the worker's input buffer (an InputBuffer whose descriptor the daemon sends first); 0 = none
+    input_bytes: int = 0
 
 
 class _Panic(BaseException):
@@ -163,7 +165,8 @@ class _Worker:
         self.conn = conn
         self.spec = spec
         self.arena = SlotArena.attach(*spec.arena)
-        self.inbox = SlotArena.attach(*spec.inputs).slots[spec.index] if spec.inputs is not None else None
+        # the daemon's first message on the pipe is the input buffer's descriptor (SCM_RIGHTS)
+        self.inbox = InputBuffer.attach(recv_handle(conn), spec.input_bytes) if spec.input_bytes > 0 else None
         self.pipelines: dict[str, Pipeline] = {
             name: p
             for name, p in load_pipelines(Path(spec.pipelines_dir), Path(spec.models_dir)).items()
@@ -197,8 +200,10 @@ class _Worker:
         if size < 0:
             data = self.conn.recv_bytes()
         elif self.inbox is not None and size <= self.inbox.size:
-            data = self.inbox[:size].tobytes()
-            self.inbox[:size] = 0  # a patient's file stays in shared memory no longer than this copy takes
+            try:
+                data = self.inbox[:size].tobytes()
+            finally:
+                self.inbox[:size] = 0  # a patient's file stays in shared memory no longer than this copy takes
         else:
             raise ApplianceError(f"internal error: a file of {size} bytes cannot be in the worker's input buffer")
         t0 = time.perf_counter()

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from multiprocessing.reduction import send_handle
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import WorkersConfig
 from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
-from appliance.workers.arena import SlotArena
+from appliance.workers.arena import InputBuffer
 from appliance.workers.channel import Channel
 from appliance.workers.child import WorkerSpec, decode_error, worker_main
 from appliance.workers.jobqueue import JobQueue
@@ -115,15 +116,15 @@ class WorkerPool:
         self.restarts = 0
         self.last_progress = self.clock.monotonic()
         self._started = 0  # workers that reported ready at least once
-        self._inputs: SlotArena | None = None  # each worker's shared input buffer (start() creates them)
+        self._inputs: list[InputBuffer] = []  # each worker's input buffer (start() creates them)
 
     # ---- daemon side ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the supervisor threads; each starts its worker process. Returns at once."""
         if self.config.input_buffer_bytes > 0:
-            self._inputs = SlotArena.create(self.workers, (self.config.input_buffer_bytes,), "uint8")
-            self.spec = dataclasses.replace(self.spec, inputs=self._inputs.spec)
+            self._inputs = [InputBuffer(self.config.input_buffer_bytes) for _ in range(self.workers)]
+            self.spec = dataclasses.replace(self.spec, input_bytes=self.config.input_buffer_bytes)
         for i in range(self.workers):
             thread = threading.Thread(target=self._supervise, args=(i,), name=f"worker-{i}", daemon=True)
             thread.start()
@@ -198,8 +199,9 @@ class WorkerPool:
             procs = list(self._procs.values())
         for proc in procs:
             _kill(proc)
-        if self._inputs is not None:
-            self._inputs.close()
+        if not any(thread.is_alive() for thread in self._threads):  # else the mappings go with the process
+            for buffer in self._inputs:
+                buffer.close()
 
     # ---- supervisor threads ---------------------------------------------------------------------------------
 
@@ -230,7 +232,7 @@ class WorkerPool:
         proc: multiprocessing.process.BaseProcess | None = None
         conn: Channel | None = None
         while not self._stopping:
-            if proc is not None and conn is not None and conn.exited():
+            if proc is not None and conn is not None and conn.dead():
                 self._retire(index, proc, "crashed", f"exited while idle (exit code {proc.exitcode})")
                 proc = conn = None
             if proc is None or conn is None:
@@ -244,7 +246,7 @@ class WorkerPool:
             if job is None:
                 break
             try:
-                if conn.exited():  # died while this thread waited for a job (OOM killer, a signal): not its fault
+                if conn.dead():  # died while this thread waited for a job (OOM killer, a signal): not the job's fault
                     self._retire(index, proc, "crashed", f"exited while idle (exit code {proc.exitcode})")
                     proc, conn = self._respawn_for(index, job)
                 rss = self._run(conn, job)
@@ -273,15 +275,20 @@ class WorkerPool:
 
     def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, Channel]:
         pipe, child = _CONTEXT.Pipe(duplex=True)
-        spec = dataclasses.replace(self.spec, index=index)  # which input buffer is its own
-        proc = _CONTEXT.Process(target=worker_main, args=(child, spec), name=f"appliance-worker-{index}", daemon=True)
+        proc = _CONTEXT.Process(target=worker_main, args=(child, self.spec), name=f"appliance-worker-{index}",
+                                daemon=True)
         proc.start()
         child.close()
         parent = Channel(pipe, proc.sentinel)
         with self._cond:
             self._procs[index] = proc
         try:
+            if self._inputs:  # its own input buffer, as a descriptor: the first message the worker reads
+                send_handle(pipe, self._inputs[index].fd, proc.pid or 0)
             msg = self._recv(parent, proc, self.config.start_timeout_s)
+        except OSError as e:
+            _kill(proc)
+            raise _WorkerLost("start", Unavailable(f"worker did not start: {e}")) from None
         except _WorkerLost:
             _kill(proc)
             raise
@@ -295,11 +302,16 @@ class WorkerPool:
         return proc, parent
 
     def _respawn_for(self, index: int, job: Job) -> tuple[multiprocessing.process.BaseProcess, Channel]:
-        """Start a new worker for ``job``; if that fails, answer the job and raise _WorkerLost."""
+        """Start a new worker for ``job``; if that fails, answer the job (not its file's fault), raise _WorkerLost."""
+        if self._stopping:
+            job.fail(Unavailable("service is shutting down", reason="DRAINING"))
+            raise _WorkerLost("start", Unavailable("stopping"))
         try:
             return self._spawn(index)
         except _WorkerLost as lost:
-            job.fail(lost.error)
+            log.error("preprocessing worker %d failed to start: %s; retrying", index, lost)
+            job.fail(Unavailable("no preprocessing worker could be started (the daemon's log says why); retry",
+                                 reason="DECODER_LOST"))
             raise
 
     def _retire(self, index: int, proc: multiprocessing.process.BaseProcess, reason: str, detail: str) -> None:
@@ -357,23 +369,27 @@ class WorkerPool:
         data, job.data = job.data, None
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         data = data or b""
-        inbox = self._inputs.slots[index] if self._inputs is not None else None
+        size = len(data)
+        # through the worker's input buffer (no copies through the kernel), or the pipe for a larger file
+        inbox = self._inputs[index].bytes if self._inputs and size <= self._inputs[index].bytes.size else None
         with lock, self._step(index):  # sequential mode: parsing is preprocessing too
             try:
-                if inbox is not None and len(data) <= inbox.size:  # through shared memory: no copies via the kernel
-                    inbox[: len(data)] = np.frombuffer(data, np.uint8)
-                    conn.send(("parse", job.id, job.pipeline, len(data)))
+                if inbox is not None:
+                    inbox[:size] = np.frombuffer(data, np.uint8)
+                    conn.send(("parse", job.id, job.pipeline, size))
                 else:
                     conn.send(("parse", job.id, job.pipeline, -1))
                     conn.send_bytes(data)
             except OSError:
                 self._retire(index, worker, "crashed", "pipe broken")
+                _scrub(inbox, size)
                 job.fail(DicomError("decoder failed: the preprocessing worker died", field="dicom.PixelData"))
                 raise _WorkerLost("crashed", Unavailable("worker pipe broken")) from None
             del data
             try:
                 msg = self._recv(conn, worker, self._budget(job.request), index)
-            except _WorkerLost as lost:
+            except _WorkerLost as lost:  # killed before it answered: it may not have copied the file out
+                _scrub(inbox, size)
                 job.fail(lost.error)
                 raise
         if msg[0] == "error":
@@ -445,6 +461,12 @@ class WorkerPool:
         index = int(threading.current_thread().name.rsplit("-", 1)[1])
         with self._cond:
             return index, self._procs[index]
+
+
+def _scrub(inbox: np.ndarray | None, size: int) -> None:
+    """Zero a file left in a worker's input buffer by a worker that was killed before it copied the file out."""
+    if inbox is not None:
+        inbox[:size] = 0
 
 
 def _kill(proc: multiprocessing.process.BaseProcess) -> None:

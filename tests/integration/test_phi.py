@@ -18,6 +18,7 @@ import sys
 import urllib.request
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pydicom
@@ -180,9 +181,12 @@ def test_nothing_the_daemon_writes_carries_patient_data(daemon) -> None:
         capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     written.append(health.stdout + health.stderr)
-    # shared memory: the slot arena and the workers' input buffers, which held each file until a worker copied it
-    shared = sorted(_shm_dir().glob(f"edge-appliance-{daemon['proc'].pid}-*.slots"))
-    assert len(shared) == 2, shared
+    # shared memory: the slot arena, and each worker's input buffer (a memfd), which held a file until it was copied
+    pid = daemon["proc"].pid
+    arena = list(_shm_dir().glob(f"edge-appliance-{pid}-*.slots"))
+    buffers = [fd for fd in Path(f"/proc/{pid}/fd").iterdir() if "memfd:edge-appliance-input" in os.readlink(fd)]
+    assert len(arena) == 1 and len(buffers) >= 2, (arena, buffers)  # (each buffer's mapping keeps a second fd)
+    shared = [*arena, *buffers]
     written.extend(path.read_bytes().decode("latin-1") for path in shared)
     daemon["proc"].send_signal(signal.SIGTERM)
     daemon["proc"].wait(timeout=30)

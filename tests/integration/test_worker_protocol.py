@@ -3,12 +3,14 @@ worker that dies while idle."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing as mp
 import os
 import signal
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 
 import grpc
@@ -22,7 +24,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import synthetic
 from appliance.workers import child
-from appliance.workers.arena import SlotArena
+from appliance.workers.arena import InputBuffer, SlotArena
 from appliance.workers.child import WorkerSpec, worker_main
 from tests.support import RunningApp, fake_config
 
@@ -34,15 +36,16 @@ INBOX = 1 << 20  # each worker's input buffer in these tests
 def worker(models_dir: Path) -> Iterator[tuple[object, SlotArena]]:
     pipeline = load_pipelines(REPO / "pipelines", models_dir)["ct-nodule"]
     arena = SlotArena.create(2, tuple(pipeline.input_shape))
-    inputs = SlotArena.create(2, (INBOX,), "uint8")
+    inputs = InputBuffer(INBOX)
     spec = WorkerSpec(arena=arena.spec, pipelines_dir=str(REPO / "pipelines"), models_dir=str(models_dir),
-                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, inputs=inputs.spec, index=1)
-    arena.inbox = inputs.slots[1]  # type: ignore[attr-defined]  # this worker's input buffer, for the tests
+                      model=pipeline.model, limits=dicom.DicomLimits(), memory_bytes=0, input_bytes=INBOX)
+    arena.inbox = inputs.bytes  # type: ignore[attr-defined]  # the worker's input buffer, for the tests
     ctx = mp.get_context("forkserver")
     conn, end = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=worker_main, args=(end, spec), daemon=True)
     proc.start()
     end.close()
+    send_handle(conn, inputs.fd, proc.pid or 0)  # as the pool does: the buffer's descriptor comes first
     assert conn.poll(60) and conn.recv()[0] == "ready"
     try:
         yield conn, arena
@@ -174,3 +177,23 @@ def test_files_larger_than_the_input_buffer_take_the_pipe(models_dir: Path, monk
     finally:
         app.stop()
     assert piped == [len(large)]  # the small file twice through the shared buffer, the large one by pipe
+
+
+def test_a_file_left_in_the_buffer_by_a_worker_killed_before_it_copied_it_out_is_zeroed(models_dir: Path) -> None:
+    app = RunningApp(fake_config(models_dir, batcher={"preprocess_workers": 2}, workers={"step_timeout_s": 0.5}))
+    try:
+        pool = app.app.pool
+        assert pool.wait_started(30)
+        stopped = [p.pid for p in pool._procs.values()]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)  # alive, but never reads the file: the step runs out its budget
+        with grpc.insecure_channel(app.target) as ch, pytest.raises(grpc.RpcError) as failed:
+            pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=_file(9, 1)), timeout=30)
+        assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, failed.value.details()
+        assert pool.restarts >= 1
+        assert all(not buffer.bytes.any() for buffer in pool._inputs)  # the file did not stay in shared memory
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        app.stop()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from appliance.batching.work import ItemState, Priority, Request, WorkItem
 from appliance.clock import ManualClock
 from appliance.config import WorkersConfig
-from appliance.errors import ApplianceError, DeadlineExceeded
-from appliance.workers.pool import Job, WorkerPool
+from appliance.errors import ApplianceError, DeadlineExceeded, Overloaded, Unavailable
+from appliance.workers.pool import Job, WorkerPool, _WorkerLost
 
 
 def _job(name: str, priority: Priority, deadline: float | None = None,
@@ -168,3 +170,17 @@ def test_a_job_whose_last_frame_is_skipped_ends_with_a_drop_message() -> None:
     job_id = pipe.messages[0][1]
     assert [m for m in pipe.messages if m[0] != "parse"] == [
         ("frame", job_id, 0, 0, False), ("frame", job_id, 1, 1, False), ("drop", job_id)]
+
+
+def test_a_worker_that_cannot_be_replaced_for_a_job_answers_it_unavailable_not_as_a_bad_file() -> None:
+    pool = _pool(ManualClock())
+    failed: dict[str, ApplianceError] = {}
+    job = _job("j", Priority.BATCH, failed=failed)
+
+    def spawn(index: int) -> None:
+        raise _WorkerLost("start", Overloaded("decoding ran past its time budget", retry_after_s=None))
+
+    pool._spawn = spawn  # type: ignore[assignment,method-assign]
+    with pytest.raises(_WorkerLost):
+        pool._respawn_for(0, job)
+    assert isinstance(failed["j"], Unavailable) and failed["j"].reason == "DECODER_LOST"

@@ -21,7 +21,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from appliance.batching.work import Priority
-from appliance.errors import ApplianceError, InputError
+from appliance.errors import ApplianceError, InputError, Unavailable
 from appliance.privacy import hash_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
@@ -82,6 +82,34 @@ class _FrameWindow:
         async with self._cond:
             self._used -= n
             self._cond.notify_all()
+
+
+class _Share:
+    """One stream item's frames in its stream's window: taken at admission, given back when the item is done.
+
+    The admission may still be waiting for the window when the item is already over (its deadline passed, or the
+    client went away): frames it gets after :meth:`close` go straight back, so they never shrink the window.
+    """
+
+    def __init__(self, window: _FrameWindow) -> None:
+        self.window = window
+        self.held = 0
+        self.closed = False
+
+    async def take(self, frames: int) -> None:
+        """Wait for ``frames`` of the window (the request path's ``admit_frames``)."""
+        n = await self.window.acquire(frames)
+        if self.closed:
+            await self.window.release(n)
+            raise Unavailable("the stream item ended while it waited for the stream's window", reason="CANCELLED")
+        self.held += n
+
+    async def close(self) -> None:
+        """The item is done: give back what it holds."""
+        self.closed = True
+        held, self.held = self.held, 0
+        if held:
+            await self.window.release(held)
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
@@ -203,16 +231,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         async def one(req: pb.AnalyzeRequest) -> None:
             t0 = self.path.clock.monotonic()
             rid = req.request_id or uuid.uuid4().hex
-            held = 0
-
-            async def admit(n_frames: int) -> None:
-                nonlocal held
-                held = await window.acquire(n_frames)
-
+            share = _Share(window)
             try:
                 analysis = await self.path.analyze(
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
-                    time_remaining=context.time_remaining(), admit_frames=admit, wait_for_budget=True,
+                    time_remaining=context.time_remaining(), admit_frames=share.take, wait_for_budget=True,
                     source=context.peer(),
                 )
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
@@ -231,8 +254,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 response = pb.AnalyzeResponse(request_id=rid,
                                               status=pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err)))
             finally:
-                if held:
-                    await window.release(held)
+                await share.close()
                 requests_in_flight.release()
             await out.put(response)
 

@@ -111,7 +111,6 @@ class InputBuffer:
     """One worker's input buffer: ``size`` bytes of an anonymous memory file, mapped by the daemon and the worker."""
 
     def __init__(self, size: int) -> None:
-        self.size = size
         self.fd = os.memfd_create("edge-appliance-input", os.MFD_CLOEXEC)
         try:
             _allocate(self.fd, size, "memfd")

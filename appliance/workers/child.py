@@ -6,16 +6,14 @@ One worker runs one request at a time, driven by its supervisor thread in the da
     ("parse", job_id, pipeline_name, size)                  -> ("parsed", job_id, n_frames, sop_uid, rss, ms)
     ("frame", job_id, frame_index, slot, last)              -> ("frame", job_id, frame_info, ms, rss)
     ("drop", job_id)                                        -> (no reply: forget the parsed instance)
-
-A frame message with ``last`` true also forgets the instance once it is answered (the common path costs no drop
-message); the daemon sends ``drop`` only when a job ends before its last frame was asked for.
     ("stop",)                                               -> (exit 0)
 
-and any step may answer ``("error", job_id, encoded_error, rss)`` instead. The DICOM file is the first ``size``
-bytes of the worker's input buffer (the worker copies it out and zeroes them; the buffer's descriptor is the
-daemon's first message, before any of these), or, with ``size`` -1, follows on the pipe (``send_bytes``: a file
-larger than the buffer). Otherwise only small metadata crosses the pipe; the
-model input goes into the slot arena.
+and any step may answer ``("error", job_id, encoded_error, rss)`` instead. A frame message with ``last`` true also
+forgets the instance once it is answered (the common path costs no drop message); the daemon sends ``drop`` only
+when a job ends before its last frame was asked for. The DICOM file is the first ``size`` bytes of the worker's
+input buffer (the worker copies it out and zeroes them; the buffer's descriptor is the daemon's first message,
+before any of these), or, with ``size`` -1, follows on the pipe (``send_bytes``: a file larger than the buffer).
+Otherwise only small metadata crosses the pipe; the model input goes into the slot arena.
 
 Whatever the foreign decoder does, the worker answers or dies: Python exceptions (a Rust panic is a
 ``BaseException``) become an error reply; ``MemoryError`` under the address-space limit becomes

@@ -272,6 +272,10 @@ class Batcher(Inbox):
         if self.on_engine_dead is not None:
             self.on_engine_dead(error)
 
+    def engine_busy(self) -> bool:
+        """A batch is computing on the host's cores now (lock-free: the pool reads it before every frame)."""
+        return bool(self._running) and self.engine.computes_on_host
+
     @property
     def engine_thread_alive(self) -> bool:
         """True while the engine thread runs (loading, warming up or looping)."""

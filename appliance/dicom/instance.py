@@ -17,7 +17,7 @@ from pydicom.pixels import get_decoder
 from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless
 
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, j2k_reversible_levels, stream_kind
-from appliance.dicom.lowpass import decode_j2k_lowpass
+from appliance.dicom.openjpeg import decode_j2k_grey, decode_j2k_lowpass
 from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
 
@@ -137,7 +137,9 @@ class DicomInstance:
             raise IndexError(f"frame index {index} out of range for {self.number_of_frames} frame(s)")
         if self._unaligned_bits():
             return self._bit_frame(index), self.photometric
-        self._check_stream(index)
+        frame = self._check_stream(index)
+        if frame is not None and (grey := self._plain_j2k_grey(index, frame)) is not None:
+            return grey, self.photometric
         decoder = get_decoder(self.transfer_syntax_uid)
         plugin = "" if self.decoding_plugin == NATIVE else self.decoding_plugin
         try:
@@ -157,6 +159,32 @@ class DicomInstance:
             )
         return arr, str(props.get("photometric_interpretation", self.photometric))
 
+    def _plain_j2k_grey(self, index: int, frame: bytes) -> np.ndarray | None:
+        """Frame ``index`` through Pillow's OpenJPEG (which can use idle cores), or None to decode it with pydicom.
+
+        Only a plain reversible greyscale JPEG 2000 frame of 16-bit samples takes this path: its stored values
+        are exact integers, so Pillow and pylibjpeg-openjpeg agree on every one (docs/dicom.md, "JPEG 2000").
+        Anything Pillow fails on goes to pydicom's plugin, which gives the verdict and the error.
+        """
+        if not self._plain_j2k_candidate() or self.bits_allocated != 16:
+            return None
+        signed = bool(self.pixel_representation)
+        if not j2k_reversible_levels(frame, self.bits_stored, signed):
+            return None
+        try:
+            arr = decode_j2k_grey(frame, self.bits_stored, signed)
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException:  # noqa: BLE001 - pylibjpeg decodes it next and names the problem
+            return None
+        if arr.shape != (self.rows, self.columns):
+            return None
+        return arr.astype(np.int16 if signed else np.uint16)
+
+    def _plain_j2k_candidate(self) -> bool:
+        return (self.transfer_syntax_uid in (JPEG2000Lossless, JPEG2000) and self.samples_per_pixel == 1
+                and self.pixel_keyword == "PixelData")
+
     def decode_frame_lowpass(self, index: int) -> np.ndarray | None:
         """Return frame ``index``'s 5/3 level-1 low-pass band as int32 stored values, or None where there is none.
 
@@ -170,8 +198,7 @@ class DicomInstance:
         """
         if not 0 <= index < self.number_of_frames:
             raise IndexError(f"frame index {index} out of range for {self.number_of_frames} frame(s)")
-        if (self.transfer_syntax_uid not in (JPEG2000Lossless, JPEG2000) or self.samples_per_pixel != 1
-                or self.pixel_keyword != "PixelData"):
+        if not self._plain_j2k_candidate():
             return None
         frame = self._check_stream(index)
         if frame is None or not j2k_reversible_levels(frame, self.bits_stored, bool(self.pixel_representation)):

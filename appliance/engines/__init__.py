@@ -147,6 +147,11 @@ class AutoEngine(Engine):
         return self.chosen.backend if self.chosen is not None else "auto (not loaded)"
 
     @property
+    def computes_on_host(self) -> bool:
+        """Whether the chosen backend computes on the host's cores."""
+        return self.chosen.computes_on_host if self.chosen is not None else False
+
+    @property
     def precision(self) -> str:
         """The chosen backend's artifact precision."""
         return self.chosen.precision if self.chosen is not None else self.artifact.precision

@@ -95,6 +95,11 @@ class Engine(abc.ABC):
         return self.artifact.precision
 
     @property
+    def computes_on_host(self) -> bool:
+        """Whether a batch keeps the host's cores busy while it runs (the CPU backends; a GPU's do not)."""
+        return False
+
+    @property
     @abc.abstractmethod
     def backend(self) -> str:
         """What actually runs, e.g. ``onnxruntime:CPUExecutionProvider``."""

@@ -315,6 +315,11 @@ class OrtCpuEngine(_OrtEngine):
     PROVIDER = "CPUExecutionProvider"
     BURSTS = True
 
+    @property
+    def computes_on_host(self) -> bool:
+        """A batch computes on the host's cores."""
+        return True
+
 
 class _OrtGpuEngine(_OrtEngine):
     DEPENDENCIES: ClassVar[dict[str, str]] = {

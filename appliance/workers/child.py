@@ -4,16 +4,18 @@ One worker runs one request at a time, driven by its supervisor thread in the da
 (:mod:`appliance.workers.pool`). Messages, daemon -> worker::
 
     ("parse", job_id, pipeline_name, size)                  -> ("parsed", job_id, n_frames, sop_uid, rss, ms)
-    ("frame", job_id, frame_index, slot, last)              -> ("frame", job_id, frame_info, ms, rss)
+    ("frame", job_id, frame_index, slot, last, threads)     -> ("frame", job_id, frame_info, ms, rss)
     ("drop", job_id)                                        -> (no reply: forget the parsed instance)
     ("stop",)                                               -> (exit 0)
 
 and any step may answer ``("error", job_id, encoded_error, rss)`` instead. A frame message with ``last`` true also
 forgets the instance once it is answered (the common path costs no drop message); the daemon sends ``drop`` only
-when a job ends before its last frame was asked for. The DICOM file is the first ``size`` bytes of the worker's
-input buffer (the worker copies it out and zeroes them; the buffer's descriptor is the daemon's first message,
-before any of these), or, with ``size`` -1, follows on the pipe (``send_bytes``: a file larger than the buffer).
-Otherwise only small metadata crosses the pipe; the model input goes into the slot arena.
+when a job ends before its last frame was asked for. ``threads`` is how many threads the frame may decode on
+(the cores the daemon found idle; only the JPEG 2000 decoder uses more than one). The DICOM file is the first
+``size`` bytes of the worker's input buffer (the worker copies it out and zeroes them; the buffer's descriptor is
+the daemon's first message, before any of these), or, with ``size`` -1, follows on the pipe (``send_bytes``: a
+file larger than the buffer). Otherwise only small metadata crosses the pipe; the model input goes into the slot
+arena.
 
 Whatever the foreign decoder does, the worker answers or dies: Python exceptions (a Rust panic is a
 ``BaseException``) become an error reply; ``MemoryError`` under the address-space limit becomes
@@ -41,6 +43,7 @@ import numpy as np
 from PIL import Image
 
 from appliance import dicom
+from appliance.dicom.openjpeg import set_decoder_threads
 from appliance.errors import ApplianceError, DicomError, Overloaded
 from appliance.heap import keep_heap
 from appliance.logs import configure_logging
@@ -185,7 +188,8 @@ class _Worker:
                 continue
             job = msg[1]
             try:
-                reply = self._parse(job, msg[2], msg[3]) if op == "parse" else self._frame(job, msg[2], msg[3])
+                reply = (self._parse(job, msg[2], msg[3]) if op == "parse"
+                         else self._frame(job, msg[2], msg[3], msg[5]))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - foreign code: every failure becomes this item's error
@@ -216,10 +220,11 @@ class _Worker:
         return ("parsed", job, instance.number_of_frames, instance.sop_instance_uid, _rss_bytes(),
                 (time.perf_counter() - t0) * 1000.0)
 
-    def _frame(self, job: int, index: int, slot: int) -> tuple[Any, ...]:
+    def _frame(self, job: int, index: int, slot: int, threads: int) -> tuple[Any, ...]:
         if job != self.job or self.instance is None or self.pipeline is None:
             raise Overloaded("worker lost the parsed instance (replaced mid-request)", retry_after_s=0.1)
         t0 = time.perf_counter()
+        set_decoder_threads(threads)
         if self.spec.faults and self.instance.sop_instance_uid.startswith(FAULT_ROOT + "."):
             _fault(FAULTS.get(self.instance.sop_instance_uid.rsplit(".", 1)[1], ""))
         info = self.pipeline.run(self.instance, index, self.arena.slots[slot])

@@ -98,6 +98,7 @@ class WorkerPool:
         clock: Clock | None = None,
         on_restart: Callable[[str], None] | None = None,
         stage_lock: threading.Lock | None = None,  # sequential mode: held while a file is parsed or a frame decoded
+        cores: int = 1,  # the cores the daemon may use
     ) -> None:
         self.spec = spec
         self.config = config
@@ -117,6 +118,10 @@ class WorkerPool:
         self.last_progress = self.clock.monotonic()
         self._started = 0  # workers that reported ready at least once
         self._inputs: list[InputBuffer] = []  # each worker's input buffer (start() creates them)
+        self.cores = max(1, cores)
+        self.decoder_threads = min(config.decoder_threads or self.cores, self.cores)
+        # Cores the engine computes on right now (0 while it is idle or runs on a GPU); the daemon wires it up
+        self.engine_cores: Callable[[], int] = lambda: 0
 
     # ---- daemon side ----------------------------------------------------------------------------------------
 
@@ -166,6 +171,23 @@ class WorkerPool:
         ``drop`` message) does not count as work.
         """
         return not any(self._stepping) and not len(self._queue)
+
+    def spare_cores(self, index: int) -> int:
+        """Threads worker ``index`` may decode its next frame on: 1, or the cores nothing else uses now.
+
+        NOTE (decoder threads): more than one only while no other worker is parsing or decoding, no job waits for
+        one and the engine leaves the cores free (in sequential mode nothing else runs while a frame decodes).
+        Lock-free, read before every frame; work that starts mid-frame shares the cores (the workers run at a
+        lower priority than the engine). Measured in docs/performance.md, "Decoder threads".
+        """
+        if self.decoder_threads <= 1:
+            return 1
+        if self.stage_lock is not None:
+            return self.decoder_threads
+        if len(self._queue):
+            return 1
+        busy = sum(1 for i, stepping in enumerate(self._stepping) if stepping and i != index) + self.engine_cores()
+        return max(1, min(self.decoder_threads, self.cores - busy))
 
     def statistics(self) -> PoolStats:
         """Return a snapshot."""
@@ -439,7 +461,8 @@ class WorkerPool:
             return None
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock, self._step(index):
-            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot, last))
+            self._send(conn, worker, index, ("frame", job.id, item.frame_index, item.slot, last,
+                                             self.spare_cores(index)))
             msg = self._recv(conn, worker, self._budget(job.request), index)
         if msg[0] == "error":
             self.batcher.frame_failed(item, decode_error(msg[2]))

@@ -87,12 +87,12 @@ def _parse(conn: object, job: int, frames: int, inbox: np.ndarray | None = None)
 def test_the_last_frame_message_makes_the_worker_forget_the_instance(worker: tuple[object, SlotArena]) -> None:
     conn, arena = worker
     _parse(conn, 1, 2, arena.inbox)  # type: ignore[attr-defined]
-    conn.send(("frame", 1, 0, 0, False))  # type: ignore[attr-defined]
+    conn.send(("frame", 1, 0, 0, False, 1))  # type: ignore[attr-defined]
     assert conn.recv()[:2] == ("frame", 1)  # type: ignore[attr-defined]
     assert np.abs(arena.slots[0]).sum() > 0  # decoded straight into the slot
-    conn.send(("frame", 1, 1, 1, True))  # type: ignore[attr-defined]
+    conn.send(("frame", 1, 1, 1, True, 1))  # type: ignore[attr-defined]
     assert conn.recv()[:2] == ("frame", 1)  # type: ignore[attr-defined]
-    conn.send(("frame", 1, 0, 0, False))  # asked again after the last frame: the instance is gone
+    conn.send(("frame", 1, 0, 0, False, 1))  # asked again after the last frame: the instance is gone
     reply = conn.recv()  # type: ignore[attr-defined]
     assert reply[0] == "error" and "lost the parsed instance" in reply[2][1], reply
 
@@ -101,11 +101,11 @@ def test_drop_forgets_an_instance_whose_last_frame_was_never_asked_for(worker: t
     conn, _ = worker
     _parse(conn, 2, 2)
     conn.send(("drop", 2))  # type: ignore[attr-defined]
-    conn.send(("frame", 2, 0, 0, True))  # type: ignore[attr-defined]
+    conn.send(("frame", 2, 0, 0, True, 1))  # type: ignore[attr-defined]
     reply = conn.recv()  # type: ignore[attr-defined]
     assert reply[0] == "error" and "lost the parsed instance" in reply[2][1], reply
     _parse(conn, 3, 1)  # the worker goes on with the next job (this file through the pipe)
-    conn.send(("frame", 3, 0, 1, True))  # type: ignore[attr-defined]
+    conn.send(("frame", 3, 0, 1, True, 1))  # type: ignore[attr-defined]
     assert conn.recv()[:2] == ("frame", 3)  # type: ignore[attr-defined]
 
 

@@ -19,7 +19,7 @@ from pydicom.uid import JPEG2000, JPEG2000Lossless, RLELossless
 
 from appliance.dicom import parse
 from appliance.dicom.codestream import j2k_reversible_levels
-from appliance.dicom.lowpass import decode_j2k_lowpass
+from appliance.dicom.openjpeg import decode_j2k_lowpass
 from appliance.errors import ConfigError, DicomError
 from appliance.pipeline.kernels import recentre_lowpass, resize_area, window_to_unit
 from appliance.pipeline.loader import load_pipeline

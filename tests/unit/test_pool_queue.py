@@ -137,7 +137,7 @@ def test_sequential_mode_holds_the_stage_lock_while_a_file_is_parsed_and_while_a
     runner.join(5)
     # the only frame is the last: the worker forgets the instance with its answer, so no drop message follows
     assert pipe.sent == [("parse", True), ("bytes", True), ("frame", True)]
-    assert pipe.messages[-1] == ("frame", job.id, 0, 3, True)
+    assert pipe.messages[-1] == ("frame", job.id, 0, 3, True, 1)  # one core: the frame decodes on one thread
     assert item.state == ItemState.READY
     assert batcher.ready == [(1.0, 0.5)]  # the file's parse time reaches the batcher with its first frame
 
@@ -161,15 +161,15 @@ def _run_frames(n_frames: int, skip: frozenset[int]) -> _Pipe:
 def test_only_the_last_frame_message_tells_the_worker_to_forget_the_instance() -> None:
     pipe = _run_frames(3, frozenset())
     assert [m for m in pipe.messages if m[0] != "parse"] == [
-        ("frame", pipe.messages[0][1], 0, 0, False), ("frame", pipe.messages[0][1], 1, 1, False),
-        ("frame", pipe.messages[0][1], 2, 2, True)]
+        ("frame", pipe.messages[0][1], 0, 0, False, 1), ("frame", pipe.messages[0][1], 1, 1, False, 1),
+        ("frame", pipe.messages[0][1], 2, 2, True, 1)]
 
 
 def test_a_job_whose_last_frame_is_skipped_ends_with_a_drop_message() -> None:
     pipe = _run_frames(3, frozenset({2}))  # cancelled after two frames were decoded
     job_id = pipe.messages[0][1]
     assert [m for m in pipe.messages if m[0] != "parse"] == [
-        ("frame", job_id, 0, 0, False), ("frame", job_id, 1, 1, False), ("drop", job_id)]
+        ("frame", job_id, 0, 0, False, 1), ("frame", job_id, 1, 1, False, 1), ("drop", job_id)]
 
 
 def test_a_worker_that_cannot_be_replaced_for_a_job_answers_it_unavailable_not_as_a_bad_file() -> None:
@@ -184,3 +184,54 @@ def test_a_worker_that_cannot_be_replaced_for_a_job_answers_it_unavailable_not_a
     with pytest.raises(_WorkerLost):
         pool._respawn_for(0, job)
     assert isinstance(failed["j"], Unavailable) and failed["j"].reason == "DECODER_LOST"
+
+
+def _spare_pool(cores: int, decoder_threads: int = 0, workers: int = 2,
+                stage_lock: threading.Lock | None = None) -> WorkerPool:
+    return WorkerPool(spec=None, config=WorkersConfig(decoder_threads=decoder_threads),  # type: ignore[arg-type]
+                      workers=workers, batcher=_Batcher(), clock=ManualClock(), stage_lock=stage_lock, cores=cores)
+
+
+def test_a_frame_decodes_on_every_core_that_nothing_else_uses() -> None:
+    pool = _spare_pool(cores=4)
+    assert pool.spare_cores(0) == 4  # an idle box: the frame takes all of it
+    pool._stepping[0] = True
+    assert pool.spare_cores(0) == 4  # worker 0's own step is this frame
+    pool._stepping[1] = True
+    assert pool.spare_cores(0) == 3  # the other worker is decoding
+    pool.engine_cores = lambda: 1
+    assert pool.spare_cores(0) == 2  # and a batch computes on one core
+    pool.engine_cores = lambda: 4
+    assert pool.spare_cores(0) == 1  # never fewer than one
+    pool._stepping[1] = False
+    pool.engine_cores = lambda: 0
+    pool.submit(_job("q", Priority.BATCH))
+    assert pool.spare_cores(0) == 1  # a job waits for a worker: the other core is about to be taken
+
+
+def test_decoder_threads_cap_the_spare_cores_and_one_turns_them_off() -> None:
+    assert _spare_pool(cores=8, decoder_threads=2).spare_cores(0) == 2
+    assert _spare_pool(cores=8, decoder_threads=1).spare_cores(0) == 1
+    assert _spare_pool(cores=2, decoder_threads=16).spare_cores(0) == 2  # no more threads than cores
+    assert _spare_pool(cores=1).spare_cores(0) == 1
+
+
+def test_in_sequential_mode_a_frame_decodes_on_all_cores() -> None:
+    pool = _spare_pool(cores=4, stage_lock=threading.Lock())
+    pool.engine_cores = lambda: 1  # cannot compute while the stage lock is held for this frame
+    pool._stepping[1] = True
+    assert pool.spare_cores(0) == 4
+
+
+def test_the_frame_message_carries_the_spare_cores() -> None:
+    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=_Batcher(),  # type: ignore[arg-type]
+                      clock=ManualClock(), cores=3)
+    pool._procs[0] = None  # type: ignore[assignment]
+    pool.engine_cores = lambda: 1
+    item = WorkItem(Request("r", "stub", Priority.BATCH, None, 0.0), 0, slot=2)
+    job = Job(item.request, b"DICM", "stub", admit=lambda n, uid: [item], fail=lambda e: None)
+    pipe = _Pipe(threading.Lock(), [("parsed", job.id, 1, "1.2.3", 0, 0.5), ("frame", job.id, None, 1.0, 0)])
+    runner = threading.Thread(target=pool._run, args=(pipe, job), name="worker-0")
+    runner.start()
+    runner.join(5)
+    assert pipe.messages[-1] == ("frame", job.id, 0, 2, True, 2)  # three cores, one computing a batch

@@ -1,10 +1,11 @@
-"""Supervised preprocessing worker processes: one supervisor thread per worker, in the daemon.
+"""Supervised preprocessing worker processes: the job queue, and one supervisor thread per worker, in the daemon.
 
 A :class:`Job` is one request's trip through a worker: parse + validate (the worker keeps the parsed instance),
 admission (slots reserved by the daemon, see :mod:`appliance.serving.analyze`), then one round trip per frame: "decode
 frame i into slot s" -> frame info. The supervisor thread drives that conversation with a time budget on every
 step. A worker that dies (segfault, abort, OOM kill), runs past its budget, or stops answering is killed and
-replaced; the item it held gets a clear error and nothing else is affected. Restarts are counted.
+replaced (:mod:`appliance.workers.processes`); the item it held gets a clear error and nothing else is affected.
+Restarts are counted.
 
 NOTE (ordering): queued jobs are taken INTERACTIVE first; within a class the senders take turns, oldest first
 within a sender (:mod:`appliance.workers.jobqueue`). A job whose request was cancelled or whose deadline passed is
@@ -22,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from multiprocessing.reduction import send_handle
 from typing import Any
 
 import numpy as np
@@ -30,19 +30,16 @@ import numpy as np
 from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import WorkersConfig
-from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Overloaded, Unavailable
+from appliance.errors import ApplianceError, DeadlineExceeded, DicomError, Unavailable
 from appliance.workers.arena import InputBuffer
 from appliance.workers.channel import Channel
-from appliance.workers.child import WorkerSpec, decode_error, worker_main
+from appliance.workers.child import WorkerSpec, decode_error
 from appliance.workers.jobqueue import JobQueue
+from appliance.workers.processes import WorkerProcesses, _kill, _scrub, _WorkerLost
 
 __all__ = ["Job", "PoolStats", "WorkerPool"]
 
 log = logging.getLogger(__name__)
-
-_CONTEXT = multiprocessing.get_context("forkserver")
-# Workers fork from a server that has already imported the decoders: a replacement is ready in milliseconds.
-_CONTEXT.set_forkserver_preload(["appliance.workers.child"])
 
 
 @dataclass(frozen=True)
@@ -78,14 +75,7 @@ class Job:
         return self.request.priority
 
 
-class _WorkerLost(Exception):
-    def __init__(self, reason: str, error: ApplianceError) -> None:
-        super().__init__(reason)
-        self.reason = reason  # metrics label: crashed, timeout, memory, recycle, start
-        self.error = error
-
-
-class WorkerPool:
+class WorkerPool(WorkerProcesses):
     """The supervised worker processes. ``start()``, ``submit()`` jobs, ``stop()``."""
 
     def __init__(
@@ -100,24 +90,13 @@ class WorkerPool:
         stage_lock: threading.Lock | None = None,  # sequential mode: held while a file is parsed or a frame decoded
         cores: int = 1,  # the cores the daemon may use
     ) -> None:
-        self.spec = spec
-        self.config = config
-        self.workers = workers
+        super().__init__(spec, config, workers=workers, clock=clock or RealClock(), on_restart=on_restart)
         self.batcher = batcher
-        self.clock = clock or RealClock()
-        self.on_restart = on_restart or (lambda reason: None)
         self.stage_lock = stage_lock
-        self._cond = threading.Condition()
         self._queue: JobQueue[Job] = JobQueue()
         self._threads: list[threading.Thread] = []
-        self._procs: dict[int, multiprocessing.process.BaseProcess] = {}
         self._busy: set[Job] = set()
         self._stepping = [False] * workers  # worker i is parsing or decoding right now (its supervisor writes it)
-        self._stopping = False
-        self.restarts = 0
-        self.last_progress = self.clock.monotonic()
-        self._started = 0  # workers that reported ready at least once
-        self._inputs: list[InputBuffer] = []  # each worker's input buffer (start() creates them)
         self.cores = max(1, cores)
         self.decoder_threads = min(config.decoder_threads or self.cores, self.cores)
         # Cores the engine computes on right now (0 while it is idle or runs on a GPU); the daemon wires it up
@@ -134,17 +113,6 @@ class WorkerPool:
             thread = threading.Thread(target=self._supervise, args=(i,), name=f"worker-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
-
-    def wait_started(self, timeout_s: float) -> bool:
-        """Block until every worker has started once (or ``timeout_s``); True if they all did."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._started < self.workers:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, 0.1))
-        return True
 
     def submit(self, job: Job) -> None:
         """Queue a job (INTERACTIVE before BATCH)."""
@@ -295,89 +263,6 @@ class WorkerPool:
             proc.join(0.5)
             _kill(proc)
 
-    def _spawn(self, index: int) -> tuple[multiprocessing.process.BaseProcess, Channel]:
-        pipe, child = _CONTEXT.Pipe(duplex=True)
-        proc = _CONTEXT.Process(target=worker_main, args=(child, self.spec), name=f"appliance-worker-{index}",
-                                daemon=True)
-        proc.start()
-        child.close()
-        parent = Channel(pipe, proc.sentinel)
-        with self._cond:
-            self._procs[index] = proc
-        try:
-            if self._inputs:  # its own input buffer, as a descriptor: the first message the worker reads
-                send_handle(pipe, self._inputs[index].fd, proc.pid or 0)
-            msg = self._recv(parent, proc, self.config.start_timeout_s)
-        except OSError as e:
-            _kill(proc)
-            raise _WorkerLost("start", Unavailable(f"worker did not start: {e}")) from None
-        except _WorkerLost:
-            _kill(proc)
-            raise
-        if msg[0] != "ready":
-            _kill(proc)
-            raise _WorkerLost("start", Unavailable("worker did not start"))
-        log.debug("preprocessing worker %d started (pid %d)", index, proc.pid)
-        with self._cond:
-            self._started += 1
-            self._cond.notify_all()
-        return proc, parent
-
-    def _respawn_for(self, index: int, job: Job) -> tuple[multiprocessing.process.BaseProcess, Channel]:
-        """Start a new worker for ``job``; if that fails, answer the job (not its file's fault), raise _WorkerLost."""
-        if self._stopping:
-            job.fail(Unavailable("service is shutting down", reason="DRAINING"))
-            raise _WorkerLost("start", Unavailable("stopping"))
-        try:
-            return self._spawn(index)
-        except _WorkerLost as lost:
-            log.error("preprocessing worker %d failed to start: %s; retrying", index, lost)
-            job.fail(Unavailable("no preprocessing worker could be started (the daemon's log says why); retry",
-                                 reason="DECODER_LOST"))
-            raise
-
-    def _retire(self, index: int, proc: multiprocessing.process.BaseProcess, reason: str, detail: str) -> None:
-        """Kill a worker and count the restart, before the item it held is answered."""
-        _kill(proc)
-        with self._cond:
-            self.restarts += 1
-        if reason != "recycle":
-            log.warning("preprocessing worker %d replaced (%s): %s", index, reason, detail)
-        try:
-            self.on_restart(reason)
-        except Exception as e:  # noqa: BLE001 - metrics must never stop supervision
-            log.error("restart observer failed: %s", e)
-
-    def _recv(self, conn: Channel, proc: multiprocessing.process.BaseProcess, budget_s: float,
-              index: int | None = None) -> Any:
-        """Wait for one message within ``budget_s``.
-
-        a dead, silent or broken worker is killed, counted and raised as _WorkerLost.
-        """
-        if not conn.poll(max(0.0, budget_s)):
-            if index is not None:
-                self._retire(index, proc, "timeout", f"no answer within {budget_s:.1f} s")
-            raise _WorkerLost(
-                "timeout",
-                Overloaded(f"decoding ran past its time budget of {budget_s:.1f} s (config key "
-                           "workers.step_timeout_s, or the request deadline)", retry_after_s=None,
-                           reason="DECODER_TIME_LIMIT"),
-            )
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            proc.join(0.2)
-            code = proc.exitcode
-            if index is not None:
-                self._retire(index, proc, "crashed", f"exit code {code}")
-            raise _WorkerLost(
-                "crashed",
-                DicomError(f"decoder failed: the preprocessing worker died on this input (exit code {code})",
-                           field="dicom.PixelData"),
-            ) from None
-        self.last_progress = self.clock.monotonic()
-        return msg
-
     def _budget(self, request: Request) -> float:
         budget = self.config.step_timeout_s
         if request.deadline is not None:  # never work on past the client's deadline (plus a little slack)
@@ -479,21 +364,4 @@ class WorkerPool:
             yield
         finally:
             self._stepping[index] = False
-
-    def _proc_for(self) -> tuple[int, multiprocessing.process.BaseProcess]:
-        index = int(threading.current_thread().name.rsplit("-", 1)[1])
-        with self._cond:
-            return index, self._procs[index]
-
-
-def _scrub(inbox: np.ndarray | None, size: int) -> None:
-    """Zero a file left in a worker's input buffer by a worker that was killed before it copied the file out."""
-    if inbox is not None:
-        inbox[:size] = 0
-
-
-def _kill(proc: multiprocessing.process.BaseProcess) -> None:
-    if proc.is_alive():
-        proc.kill()
-    proc.join(1.0)
 

@@ -35,11 +35,14 @@ def set_decoder_threads(threads: int) -> None:
     """Let each JPEG 2000 decode from now on in this process use ``threads`` threads (1: the calling thread only).
 
     Process-wide (an environment variable that OpenJPEG reads when a decoder is created): only a worker process,
-    which decodes one frame at a time, calls it.
+    which decodes one frame at a time, and the bench's cost phase call it. For one thread the variable is removed:
+    ``OPJ_NUM_THREADS=1`` makes OpenJPEG decode on one pool thread of its own while the caller waits, which
+    hides the decode's CPU from the caller's thread CPU time.
     """
-    value = str(max(1, int(threads)))
-    if os.environ.get(_THREADS_ENV) != value:
-        os.environ[_THREADS_ENV] = value
+    if threads <= 1:
+        os.environ.pop(_THREADS_ENV, None)
+    elif os.environ.get(_THREADS_ENV) != str(threads):
+        os.environ[_THREADS_ENV] = str(threads)
 
 
 def decode_j2k_grey(frame: bytes, precision: int, signed: bool, reduce: int = 0) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,19 @@ def test_more_threads_give_the_same_values():
     np.testing.assert_array_equal(decode_j2k_grey(cs, 16, True), one)
     np.testing.assert_array_equal(one, stored)
     set_decoder_threads(0)
-    assert os.environ["OPJ_NUM_THREADS"] == "1"  # never fewer than one
+    assert "OPJ_NUM_THREADS" not in os.environ  # never fewer than one: the caller's own thread
+
+
+def test_one_thread_decodes_on_the_calling_thread():
+    """``OPJ_NUM_THREADS=1`` would hand the decode to a pool thread: the bench's thread CPU time would miss it."""
+    cs = codestream(smooth((512, 512), 12, False, seed=5), 12)
+    os.environ["OPJ_NUM_THREADS"] = "1"  # what an operator's environment might hold
+    set_decoder_threads(1)
+    thread0, process0 = time.thread_time(), time.process_time()
+    for _ in range(3):
+        decode_j2k_grey(cs, 12, False)
+    thread_s, process_s = time.thread_time() - thread0, time.process_time() - process0
+    assert thread_s > 0.8 * process_s
 
 
 def test_a_frame_pillow_fails_on_is_decoded_by_pylibjpeg(monkeypatch):

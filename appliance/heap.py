@@ -13,7 +13,7 @@ import ctypes
 import ctypes.util
 import logging
 
-__all__ = ["DAEMON_ARENAS", "DAEMON_MAX_BLOCK", "MMAP_THRESHOLD_MAX", "keep_heap"]
+__all__ = ["DAEMON_ARENAS", "DAEMON_MAX_BLOCK", "MMAP_THRESHOLD_MAX", "WORKER_ARENAS", "keep_heap", "limit_arenas"]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,9 @@ MMAP_THRESHOLD_MAX = 32 << 20  # glibc's own cap for its dynamic mmap threshold 
 DAEMON_MAX_BLOCK = 4 << 20
 #: The daemon's malloc arenas (glibc's default is 8 per core, one per thread in practice).
 DAEMON_ARENAS = 2
+#: A worker's malloc arenas: its one Python thread and the JPEG 2000 decoder's threads share one. Each further
+#: arena reserves 64 MiB of address space (counted by the worker's RLIMIT_AS) and keeps its own free heap.
+WORKER_ARENAS = 1
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -72,3 +75,16 @@ def keep_heap(keep_bytes: int, *, max_block: int = MMAP_THRESHOLD_MAX, arenas: i
         log.warning("heap: mallopt refused the settings (mmap %d, trim %d bytes, arenas %d)", mmap_threshold,
                     keep_bytes, arenas)
     return ok
+
+
+def limit_arenas(arenas: int, *, libc: ctypes.CDLL | None = None) -> bool:
+    """Cap this process's malloc arenas at ``arenas`` (``M_ARENA_MAX``); call it before the process starts threads.
+
+    Returns True when it was set (False where libc is not glibc or ``arenas`` is 0).
+    """
+    if arenas <= 0:
+        return False
+    libc = libc or _glibc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, int(arenas)))

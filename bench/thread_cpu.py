@@ -63,6 +63,7 @@ def snapshot(pid: int) -> dict[str, dict[str, object]]:
         if "forkserver" in cmd:
             ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
             role = "fork server" if ppid == pid else "worker"
+        live_s = 0.0
         for tid in tids:
             try:
                 stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
@@ -72,6 +73,13 @@ def snapshot(pid: int) -> dict[str, dict[str, object]]:
             comm = stat[stat.index("(") + 1:stat.rindex(")")]
             out[tid] = {"pid": p, "role": role, "name": names.get(tid, comm),
                         "cpu_s": (int(fields[11]) + int(fields[12])) / TICK}
+            live_s += float(out[tid]["cpu_s"])  # type: ignore[arg-type]
+        try:  # the process's counters include its ended threads (a JPEG 2000 decoder's pool lives for one frame)
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            out[f"exited-{p}"] = {"pid": p, "role": role, "name": "(exited threads)",
+                                  "cpu_s": max(0.0, (int(fields[11]) + int(fields[12])) / TICK - live_s)}
+        except OSError:
+            pass
     return out
 
 

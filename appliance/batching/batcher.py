@@ -76,6 +76,9 @@ class Batcher(Inbox):
         # Cores the preprocessing has while a batch runs on the engine's own threads (the app wires the smaller of
         # the worker count and the cores the engine leaves): the burst rule weighs the expected decoding by it.
         self.preprocess_cores = 1
+        self.engine_threads = 1  # the engine's intra-op threads (the daemon sets both from its config)
+        self.burst_cores = 1  # the threads of a burst batch
+        self._bursting = False  # the batch on the engine runs on its burst threads
 
     # ---- the engine thread ------------------------------------------------------------------------------
 
@@ -208,11 +211,12 @@ class Batcher(Inbox):
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:  # submit copies the batch out: the buffer is free again afterwards
-            self.engine.set_burst(may_burst(sequential=self.stage_lock is not None,
-                                            preprocessing_idle=self.preprocessing_idle(),
-                                            arrival_rate=rate, batch_s=self.batch_s_estimate,
-                                            backlog=backlog, batch_size=self.batch_size, coming=coming,
-                                            preprocess_s=preprocess_s, cores=self.preprocess_cores))
+            self._bursting = may_burst(sequential=self.stage_lock is not None,
+                                       preprocessing_idle=self.preprocessing_idle(),
+                                       arrival_rate=rate, batch_s=self.batch_s_estimate,
+                                       backlog=backlog, batch_size=self.batch_size, coming=coming,
+                                       preprocess_s=preprocess_s, cores=self.preprocess_cores)
+            self.engine.set_burst(self._bursting)
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
             self._in_flight.append((ticket, items, t0))
@@ -272,9 +276,15 @@ class Batcher(Inbox):
         if self.on_engine_dead is not None:
             self.on_engine_dead(error)
 
-    def engine_busy(self) -> bool:
-        """A batch is computing on the host's cores now (lock-free: the pool reads it before every frame)."""
-        return bool(self._running) and self.engine.computes_on_host
+    def engine_cores(self) -> int:
+        """Cores a batch computes on now (lock-free: the pool reads it before every frame).
+
+        0 when none runs or the engine does not compute on the host, ``burst_cores`` for a burst batch,
+        ``engine_threads`` otherwise.
+        """
+        if not self._running or not self.engine.computes_on_host:
+            return 0
+        return self.burst_cores if self._bursting else self.engine_threads
 
     @property
     def engine_thread_alive(self) -> bool:

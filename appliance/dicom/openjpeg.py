@@ -15,7 +15,7 @@ Pillow's OpenJPEG decoder does two things pydicom's pylibjpeg plugin cannot (doc
 Pillow returns samples of 9 to 16 bits as unsigned 16-bit values shifted left to fill 16 bits, with signed data
 offset by half the range; :func:`decode_j2k_grey` undoes both, so it returns stored values as pydicom's decode
 would. Only frames that :func:`appliance.dicom.codestream.j2k_reversible_levels` accepts come here; for those the
-output equals pylibjpeg-openjpeg's, value for value (``tests/unit/test_lowpass.py``).
+output equals pylibjpeg-openjpeg's, value for value (``tests/unit/test_openjpeg.py``).
 """
 
 from __future__ import annotations

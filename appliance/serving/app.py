@@ -133,8 +133,9 @@ class App:
             stage_lock=self.batcher.stage_lock,
             cores=usable_cores(),
         )
-        engine_threads = config.engine.intra_op_threads
-        self.pool.engine_cores = lambda: engine_threads if self.batcher.engine_busy() else 0
+        self.batcher.engine_threads = config.engine.intra_op_threads
+        self.batcher.burst_cores = config.engine.burst_threads or usable_cores()
+        self.pool.engine_cores = self.batcher.engine_cores
         self.batcher.parsing = self.pool.unadmitted
         self.batcher.preprocessing_idle = self.pool.idle
         self.batcher.preprocess_cores = min(self.pool.workers, max(1, _cores_left_by_engine(config)))

@@ -161,6 +161,8 @@ def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, flo
     """CPU seconds by ``process-name[pid]/thread-name`` over ``pid`` and its descendants (same names summed).
 
     ``names`` (from :func:`python_thread_names`) replaces the kernel's thread names where it has the thread.
+    ``process-name[pid]/(exited threads)`` holds the CPU of the process's threads that have ended (a JPEG 2000
+    decoder's thread pool lives for one frame): the process's own counters include them, its live threads' do not.
     """
     names = names or {}
     out: dict[str, float] = {}
@@ -168,8 +170,10 @@ def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, flo
         try:
             pname = Path(f"/proc/{p}/comm").read_text().strip()
             tids = os.listdir(f"/proc/{p}/task")
+            process_s = _cpu_s(Path(f"/proc/{p}/stat").read_text())
         except OSError:
             continue
+        live_s = 0.0
         for tid in tids:
             try:
                 stat = Path(f"/proc/{p}/task/{tid}/stat").read_text()
@@ -178,6 +182,8 @@ def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, flo
             name = names.get(tid) or stat[stat.index("(") + 1:stat.rindex(")")]
             key = f"{pname}[{p}]/{name}"
             out[key] = out.get(key, 0.0) + _cpu_s(stat)
+            live_s += _cpu_s(stat)
+        out[f"{pname}[{p}]/(exited threads)"] = max(0.0, process_s - live_s)
     return out
 
 

@@ -45,7 +45,7 @@ from PIL import Image
 from appliance import dicom
 from appliance.dicom.openjpeg import set_decoder_threads
 from appliance.errors import ApplianceError, DicomError, Overloaded
-from appliance.heap import keep_heap
+from appliance.heap import WORKER_ARENAS, keep_heap, limit_arenas
 from appliance.logs import configure_logging
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.preprocess import Pipeline
@@ -244,6 +244,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     Image.MAX_IMAGE_PIXELS = (spec.limits.max_pixels_per_frame + 1) // 2
     if spec.nice > 0:
         os.nice(spec.nice)
+    limit_arenas(WORKER_ARENAS)  # before the decoder starts any thread (appliance.heap)
     keep_heap(spec.heap_keep_bytes)
     worker = _Worker(conn, spec)
     _limit_memory(spec.memory_bytes)

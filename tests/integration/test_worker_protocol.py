@@ -47,6 +47,7 @@ def worker(models_dir: Path) -> Iterator[tuple[object, SlotArena]]:
     end.close()
     send_handle(conn, inputs.fd, proc.pid or 0)  # as the pool does: the buffer's descriptor comes first
     assert conn.poll(60) and conn.recv()[0] == "ready"
+    arena.pid = proc.pid  # type: ignore[attr-defined]  # the worker's, for the tests
     try:
         yield conn, arena
     finally:
@@ -197,3 +198,23 @@ def test_a_file_left_in_the_buffer_by_a_worker_killed_before_it_copied_it_out_is
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         app.stop()
+
+
+def test_a_jpeg2000_frame_on_two_threads_costs_the_worker_no_malloc_arena(worker: tuple[object, SlotArena]) -> None:
+    """The decoder's threads share the worker's one malloc arena: glibc would give each its own 64 MiB of address
+    space, which counts against workers.memory_bytes for the rest of the worker's life."""
+    conn, arena = worker
+    data = synthetic.workload("j2k", 1, 0)[0]
+    inbox = arena.inbox  # type: ignore[attr-defined]
+    pid = arena.pid  # type: ignore[attr-defined]
+    vm_before = 0
+    for job, threads in ((1, 1), (2, 2), (3, 2)):
+        inbox[: len(data)] = np.frombuffer(data, np.uint8)
+        conn.send(("parse", job, "ct-nodule", len(data)))  # type: ignore[attr-defined]
+        assert conn.recv()[:3] == ("parsed", job, 1)  # type: ignore[attr-defined]
+        if job == 2:
+            vm_before = int(Path(f"/proc/{pid}/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        conn.send(("frame", job, 0, 0, True, threads))  # type: ignore[attr-defined]
+        assert conn.recv()[:2] == ("frame", job)  # type: ignore[attr-defined]
+    vm_after = int(Path(f"/proc/{pid}/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    assert vm_after - vm_before < 48 << 20

@@ -561,3 +561,47 @@ def test_pacer_busy_fraction():
     assert pacer.take_busy_fraction() == pytest.approx(0.25)
     clock.advance(1.0)
     assert pacer.take_busy_fraction() == 0.0
+
+
+class _HostEngine(FakeEngine):
+    """A fake engine that computes on the host's cores, recording what the batcher reports while a batch runs."""
+
+    seen: list[tuple[int, bool]]
+
+    @property
+    def computes_on_host(self) -> bool:
+        return True
+
+    def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        self.seen.append((self.batcher.engine_cores(), self._burst))
+        return super()._run(batch)
+
+
+def test_the_pool_is_told_the_cores_a_batch_computes_on(fake_manifest):
+    engine = _HostEngine(fake_manifest, fake_manifest.artifact())
+    engine.seen = []
+    engine.load()
+    clock = ManualClock()
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=16), clock=clock)
+    engine.batcher = batcher  # type: ignore[attr-defined]
+    batcher.engine_threads, batcher.burst_cores = 1, 3
+    assert batcher.engine_cores() == 0  # nothing on the engine
+    for i, bursts in enumerate((True, False)):
+        req = Request(f"r{i}", "stub", Priority.BATCH, None, 0.0, n_frames=1)
+        batcher.reserve(req)
+        assert batcher.begin_frame(req.items[0])
+        batcher.slots[req.items[0].slot][...] = 0.5
+        batcher.frame_ready(req.items[0], None, 0.1)
+        # a lone frame with nothing coming bursts; with 8 more on their way at 10 s each it keeps one thread
+        batcher.preprocess_s_estimate = 0.0 if bursts else 10.0
+        batcher.parsing = (lambda: 0) if bursts else (lambda: 8)
+        for _ in range(100):
+            if req.items[0].state is ItemState.DONE:
+                break
+            clock.advance(batcher.step(block=False) or 0.0)  # the policy waits a while for the coming frames
+        assert req.items[0].state is ItemState.DONE
+    assert engine.seen == [(3, True), (1, False)]  # a burst batch takes the burst threads' cores
+    assert batcher.engine_cores() == 0  # idle again
+    device = Batcher(FakeEngine(fake_manifest, fake_manifest.artifact()), BatcherConfig(queue_capacity=16))
+    device._running = [req.items[0]]
+    assert device.engine_cores() == 0  # a batch on a device leaves the host's cores to the decoders

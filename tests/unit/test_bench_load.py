@@ -12,6 +12,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -270,3 +271,20 @@ def test_ceilings_use_the_mean_of_the_cost_phases_before_and_after_the_load(monk
     assert report["ceiling"]["per_slice_cpu_ms"] == pytest.approx(11.0 + 42.0 / 8)
     assert report["ceiling"]["cpu_ceiling_per_s"] == pytest.approx(2000 / (11.0 + 42.0 / 8), abs=0.01)
     assert report["costs"]["preprocess"]["mean_ms"] == 10.0  # the first phase is kept as measured
+
+
+def test_thread_cpu_keeps_the_cpu_of_threads_that_have_ended() -> None:
+    """A JPEG 2000 decoder's threads live for one frame: their CPU must not vanish from the per-thread figures."""
+
+    def spin() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.2:
+            pass
+
+    before = bc.thread_cpu_s(os.getpid())
+    thread = threading.Thread(target=spin)
+    thread.start()
+    thread.join()
+    after = bc.thread_cpu_s(os.getpid())
+    exited = next(k for k in after if k.endswith("/(exited threads)"))
+    assert after[exited] - before.get(exited, 0.0) >= 0.15  # the kernel counts in ticks of 10 ms

@@ -94,8 +94,8 @@ class WorkersConfig(Schema, frozen=True):
     # copies it out and zeroes it); a larger file goes through the worker's pipe. 0 = always the pipe.
     input_buffer_bytes: Annotated[int, _range(0, 1 << 30)] = 4 << 20
     # Most threads one JPEG 2000 frame may decode on (OpenJPEG's code-block threads). A frame gets more than one
-    # only when the other cores are idle: no other worker busy, no batch on the engine, no job waiting. 0 = the
-    # cores the daemon may use; 1 = always one.
+    # only when the other cores are idle: no other worker busy, no job waiting, no batch computing on the host's
+    # cores (docs/dicom.md, "JPEG 2000 on idle cores"). 0 = the cores the daemon may use; 1 = always one.
     decoder_threads: Annotated[int, _range(0, 256)] = 0
 
 

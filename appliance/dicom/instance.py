@@ -138,7 +138,7 @@ class DicomInstance:
         if self._unaligned_bits():
             return self._bit_frame(index), self.photometric
         frame = self._check_stream(index)
-        if frame is not None and (grey := self._plain_j2k_grey(index, frame)) is not None:
+        if frame is not None and (grey := self._plain_j2k_grey(frame)) is not None:
             return grey, self.photometric
         decoder = get_decoder(self.transfer_syntax_uid)
         plugin = "" if self.decoding_plugin == NATIVE else self.decoding_plugin
@@ -159,12 +159,12 @@ class DicomInstance:
             )
         return arr, str(props.get("photometric_interpretation", self.photometric))
 
-    def _plain_j2k_grey(self, index: int, frame: bytes) -> np.ndarray | None:
-        """Frame ``index`` through Pillow's OpenJPEG (which can use idle cores), or None to decode it with pydicom.
+    def _plain_j2k_grey(self, frame: bytes) -> np.ndarray | None:
+        """``frame`` decoded by Pillow's OpenJPEG (which can use idle cores), or None to decode it with pydicom.
 
         Only a plain reversible greyscale JPEG 2000 frame of 16-bit samples takes this path: its stored values
-        are exact integers, so Pillow and pylibjpeg-openjpeg agree on every one (docs/dicom.md, "JPEG 2000").
-        Anything Pillow fails on goes to pydicom's plugin, which gives the verdict and the error.
+        are exact integers, so Pillow and pylibjpeg-openjpeg agree on every one (docs/dicom.md, "JPEG 2000 on idle
+        cores"). Anything Pillow fails on goes to pydicom's plugin, which gives the verdict and the error.
         """
         if not self._plain_j2k_candidate() or self.bits_allocated != 16:
             return None

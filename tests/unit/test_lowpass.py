@@ -313,12 +313,16 @@ def test_a_frame_the_half_resolution_decoder_fails_on_is_decoded_in_full(tmp_pat
                                                    (256, 256)))
 
 
-def test_a_corrupt_frame_fails_with_the_full_decoders_error(tmp_path):
-    stored = smooth((512, 512), 12, False)
-    cs = bytearray(codestream(stored, 12))
+def corrupt_j2k_file(stored: np.ndarray, bits: int) -> bytes:
+    """A file whose frame has SOC markers written over the start of its tile data: no decoder reads it."""
+    cs = bytearray(codestream(stored, bits))
     sod = cs.index(b"\xff\x93")
     cs[sod + 2 : sod + 40] = b"\xff\x4f" * 19
-    inst = parse(j2k_file(stored, 12, cs=bytes(cs)))
+    return j2k_file(stored, bits, cs=bytes(cs))
+
+
+def test_a_corrupt_frame_fails_with_the_full_decoders_error(tmp_path):
+    inst = parse(corrupt_j2k_file(smooth((512, 512), 12, False), 12))
     with pytest.raises(DicomError) as info:
         fast_pipeline(tmp_path).run(inst, 0, np.empty((1, 256, 256), np.float32))
     assert info.value.field == "dicom.PixelData" and "pylibjpeg" in str(info.value)

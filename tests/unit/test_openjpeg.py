@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydicom.pixels import get_decoder
-from test_lowpass import codestream, j2k_file, smooth
+from test_lowpass import codestream, corrupt_j2k_file, j2k_file, smooth
 
 import appliance.dicom.instance as instance_module
 from appliance.dicom import DicomInstance, parse
@@ -127,11 +127,7 @@ def test_a_frame_pillow_fails_on_is_decoded_by_pylibjpeg(monkeypatch):
 
 
 def test_a_corrupt_frame_fails_with_the_pylibjpeg_error():
-    stored = smooth((128, 128), 12, False)
-    cs = bytearray(codestream(stored, 12))
-    sod = cs.index(b"\xff\x93")
-    cs[sod + 2 : sod + 40] = b"\xff\x4f" * 19
-    inst = parse(j2k_file(stored, 12, cs=bytes(cs)))
+    inst = parse(corrupt_j2k_file(smooth((128, 128), 12, False), 12))
     with pytest.raises(DicomError) as info:
         inst.decode_frame(0)
     assert info.value.field == "dicom.PixelData" and "pylibjpeg" in str(info.value)

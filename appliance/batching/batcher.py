@@ -76,9 +76,6 @@ class Batcher(Inbox):
         # Cores the preprocessing has while a batch runs on the engine's own threads (the app wires the smaller of
         # the worker count and the cores the engine leaves): the burst rule weighs the expected decoding by it.
         self.preprocess_cores = 1
-        self.engine_threads = 1  # the engine's intra-op threads (the daemon sets both from its config)
-        self.burst_cores = 1  # the threads of a burst batch
-        self._bursting = False  # the batch on the engine runs on its burst threads
 
     # ---- the engine thread ------------------------------------------------------------------------------
 
@@ -211,12 +208,11 @@ class Batcher(Inbox):
         t0 = self.clock.monotonic()
         lock = self.stage_lock if self.stage_lock is not None else contextlib.nullcontext()
         with lock:  # submit copies the batch out: the buffer is free again afterwards
-            self._bursting = may_burst(sequential=self.stage_lock is not None,
-                                       preprocessing_idle=self.preprocessing_idle(),
-                                       arrival_rate=rate, batch_s=self.batch_s_estimate,
-                                       backlog=backlog, batch_size=self.batch_size, coming=coming,
-                                       preprocess_s=preprocess_s, cores=self.preprocess_cores)
-            self.engine.set_burst(self._bursting)
+            self.engine.set_burst(may_burst(sequential=self.stage_lock is not None,
+                                            preprocessing_idle=self.preprocessing_idle(),
+                                            arrival_rate=rate, batch_s=self.batch_s_estimate,
+                                            backlog=backlog, batch_size=self.batch_size, coming=coming,
+                                            preprocess_s=preprocess_s, cores=self.preprocess_cores))
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
             self._in_flight.append((ticket, items, t0))
@@ -277,14 +273,11 @@ class Batcher(Inbox):
             self.on_engine_dead(error)
 
     def engine_cores(self) -> int:
-        """Cores a batch computes on now (lock-free: the pool reads it before every frame).
+        """Host cores a batch computes on now: 0 while none runs, else the engine's ``host_cores()``.
 
-        0 when none runs or the engine does not compute on the host, ``burst_cores`` for a burst batch,
-        ``engine_threads`` otherwise.
+        Lock-free: the pool reads it before every frame.
         """
-        if not self._running or not self.engine.computes_on_host:
-            return 0
-        return self.burst_cores if self._bursting else self.engine_threads
+        return self.engine.host_cores() if self._running else 0
 
     @property
     def engine_thread_alive(self) -> bool:

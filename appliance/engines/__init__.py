@@ -146,10 +146,9 @@ class AutoEngine(Engine):
         """What the chosen backend runs, or ``auto (not loaded)``."""
         return self.chosen.backend if self.chosen is not None else "auto (not loaded)"
 
-    @property
-    def computes_on_host(self) -> bool:
-        """Whether the chosen backend computes on the host's cores."""
-        return self.chosen.computes_on_host if self.chosen is not None else False
+    def host_cores(self) -> int:
+        """The host cores the chosen backend's next batch computes on."""
+        return self.chosen.host_cores() if self.chosen is not None else 0
 
     @property
     def precision(self) -> str:

@@ -94,10 +94,9 @@ class Engine(abc.ABC):
         """The artifact's precision, e.g. "int4"."""
         return self.artifact.precision
 
-    @property
-    def computes_on_host(self) -> bool:
-        """Whether a batch keeps the host's cores busy while it runs (the CPU backends; a GPU's do not)."""
-        return False
+    def host_cores(self) -> int:
+        """The host cores the next batch computes on (0 for a device: a GPU's batch leaves them to the decoders)."""
+        return 0
 
     @property
     @abc.abstractmethod

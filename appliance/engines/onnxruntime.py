@@ -200,6 +200,7 @@ class _OrtEngine(Engine):
         super().__init__(*args, **kwargs)
         self._session: Any = None
         self._wide: Any = None  # the burst session (burst_threads intra-op threads), CPU only
+        self._burst_threads = 0  # its intra-op threads
         self._burst = False
         self.burst_batches = 0  # batches run on the burst session
         self.burst_tids: set[int] = set()
@@ -269,6 +270,7 @@ class _OrtEngine(Engine):
             self._wide = ort.InferenceSession(str(self.artifact.path), sess_options=self._session_options(burst),
                                               providers=self._providers())
             self.burst_tids = _native_threads() - before  # the burst pool's own threads
+            self._burst_threads = burst
             _renice(self.burst_tids, _BURST_NICE)
         self._bind()
         log.info("engine loaded: %s %s on %s%s", self.manifest.name, self.precision, self.backend,
@@ -315,10 +317,9 @@ class OrtCpuEngine(_OrtEngine):
     PROVIDER = "CPUExecutionProvider"
     BURSTS = True
 
-    @property
-    def computes_on_host(self) -> bool:
-        """A batch computes on the host's cores."""
-        return True
+    def host_cores(self) -> int:
+        """The burst session's threads while bursting, else the normal session's intra-op threads."""
+        return self._burst_threads if self._burst else int(self.options.get("intra_op_threads", 1))
 
 
 class _OrtGpuEngine(_OrtEngine):

@@ -133,8 +133,6 @@ class App:
             stage_lock=self.batcher.stage_lock,
             cores=usable_cores(),
         )
-        self.batcher.engine_threads = config.engine.intra_op_threads
-        self.batcher.burst_cores = config.engine.burst_threads or usable_cores()
         self.pool.engine_cores = self.batcher.engine_cores
         self.batcher.parsing = self.pool.unadmitted
         self.batcher.preprocessing_idle = self.pool.idle

@@ -181,8 +181,9 @@ def thread_cpu_s(pid: int, names: dict[str, str] | None = None) -> dict[str, flo
                 continue
             name = names.get(tid) or stat[stat.index("(") + 1:stat.rindex(")")]
             key = f"{pname}[{p}]/{name}"
-            out[key] = out.get(key, 0.0) + _cpu_s(stat)
-            live_s += _cpu_s(stat)
+            cpu_s = _cpu_s(stat)
+            out[key] = out.get(key, 0.0) + cpu_s
+            live_s += cpu_s
         out[f"{pname}[{p}]/(exited threads)"] = max(0.0, process_s - live_s)
     return out
 

@@ -85,9 +85,12 @@ def test_ort_cpu_burst_session_is_bit_identical_and_only_used_when_asked(
         assert engine.burst_batches == 0  # warm-up is not counted
         # the burst pool's threads yield to the preprocessing workers (niceness 5) when one wakes up
         assert engine.burst_tids and all(os.getpriority(os.PRIO_PROCESS, t) >= 10 for t in engine.burst_tids)
+        assert engine.host_cores() == 1  # the intra-op thread
         engine.set_burst(True)
+        assert engine.host_cores() == 2  # the burst session's threads: the decoders leave them alone
         wide = engine.run(batch)
         engine.set_burst(False)
+        assert engine.host_cores() == 1
         narrow = engine.run(batch)
         assert engine.burst_batches == 1
         for name in reference:  # more threads split the work, never the sums: the same bits
@@ -98,6 +101,7 @@ def test_ort_cpu_burst_session_is_bit_identical_and_only_used_when_asked(
     single.load()
     try:
         single.set_burst(True)  # no burst session: ignored
+        assert single.host_cores() == 1
         single.run(batch)
         assert single.burst_batches == 0
     finally:

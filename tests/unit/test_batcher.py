@@ -564,13 +564,13 @@ def test_pacer_busy_fraction():
 
 
 class _HostEngine(FakeEngine):
-    """A fake engine that computes on the host's cores, recording what the batcher reports while a batch runs."""
+    """A fake engine that computes on the host's cores (3 threads bursting, else 1), recording what the batcher
+    reports while a batch runs."""
 
     seen: list[tuple[int, bool]]
 
-    @property
-    def computes_on_host(self) -> bool:
-        return True
+    def host_cores(self) -> int:
+        return 3 if self._burst else 1
 
     def _run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         self.seen.append((self.batcher.engine_cores(), self._burst))
@@ -584,7 +584,6 @@ def test_the_pool_is_told_the_cores_a_batch_computes_on(fake_manifest):
     clock = ManualClock()
     batcher = Batcher(engine, BatcherConfig(max_wait_s=0.0, queue_capacity=16), clock=clock)
     engine.batcher = batcher  # type: ignore[attr-defined]
-    batcher.engine_threads, batcher.burst_cores = 1, 3
     assert batcher.engine_cores() == 0  # nothing on the engine
     for i, bursts in enumerate((True, False)):
         req = Request(f"r{i}", "stub", Priority.BATCH, None, 0.0, n_frames=1)
@@ -600,7 +599,7 @@ def test_the_pool_is_told_the_cores_a_batch_computes_on(fake_manifest):
                 break
             clock.advance(batcher.step(block=False) or 0.0)  # the policy waits a while for the coming frames
         assert req.items[0].state is ItemState.DONE
-    assert engine.seen == [(3, True), (1, False)]  # a burst batch takes the burst threads' cores
+    assert engine.seen == [(3, True), (1, False)]  # the batch's own figure, burst or not, while it runs
     assert batcher.engine_cores() == 0  # idle again
     device = Batcher(FakeEngine(fake_manifest, fake_manifest.artifact()), BatcherConfig(queue_capacity=16))
     device._running = [req.items[0]]

@@ -69,6 +69,7 @@ class Batcher(Inbox):
         self.batches = 0
         self._running: list[WorkItem] = []  # the batches on the engine now (engine thread only)
         self._in_flight: collections.deque[InFlight] = collections.deque()
+        self._collected: collections.deque[WorkItem] = collections.deque()  # computed, not yet answered
         self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
         # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): one input of
         # the rule for the engine's burst threads (Engine.set_burst; the rule is policy.may_burst).
@@ -143,7 +144,13 @@ class Batcher(Inbox):
         return [self._ready[i] for i in decision.launch], 0.0
 
     def step(self, *, block: bool = True) -> float | None:
-        """One turn of the engine loop: expire -> choose -> launch -> collect.
+        """One turn of the engine loop: expire -> choose -> gather -> deliver -> run -> collect.
+
+        NOTE (hand-over between batches): when a full batch already waits as one batch finishes, the finished
+        batch's replies are delivered only after the next batch is gathered, at the start of the next turn.
+        Delivering wakes the event loop, and a gather that runs after that shares the cores and the GIL with the
+        replies it sent: measured, the next launch then came 5 ms after the last one ended instead of under 1 ms
+        (docs/performance.md, "Hand-over between batches").
 
         Args:
             block: when there is nothing to do, wait on the inbox (up to the policy's wait) before returning.
@@ -160,7 +167,7 @@ class Batcher(Inbox):
             wait = 0.1
             if len(self._in_flight) < self._depth:
                 items, wait = self._choose(now)
-            if items is None and not expired and not self._in_flight:
+            if items is None and not expired and not self._in_flight and not self._collected:
                 if self._stopping and self._unfinished == 0:
                     return None
                 if block:
@@ -173,9 +180,16 @@ class Batcher(Inbox):
         for item in expired:
             self._finish(item)
         if items:
-            self._launch(items)
+            self._gather(items)
+        self._deliver()
+        if items:
+            self._submit(items)
         if self._in_flight and (not items or len(self._in_flight) >= self._depth):
             self._collect(*self._in_flight.popleft())
+            with self._cond:
+                hold = len(self._ready) >= self.batch_size and len(self._in_flight) < self._depth
+            if not hold:  # no full batch waits: nothing to gather first
+                self._deliver()
         return None if self.dead is not None else 0.0
 
     def _loop(self) -> None:
@@ -185,14 +199,15 @@ class Batcher(Inbox):
         except Exception as e:  # a bug on the engine thread: nothing would ever run again, so say so loudly
             log.critical("engine thread failed", exc_info=e)
             error = EngineDeadError(f"engine thread failed: {type(e).__name__}: {e}")
+            self._deliver()  # computed before the failure: their results stand
             for item in self._running:
                 if not item.state.finished:
                     item.state, item.error = ItemState.FAILED, error
                     self._finish(item)
             self._die(error)
 
-    def _launch(self, items: list[WorkItem]) -> None:
-        """Gather ``items`` into the batch buffer, pad, free their slots and submit the batch to the engine."""
+    def _gather(self, items: list[WorkItem]) -> None:
+        """Gather ``items`` into the batch buffer, pad, and free their slots."""
         n = len(items)
         np.take(self._arena, [i.slot for i in items], axis=0, out=self._batch[:n])
         self._batch[n:] = 0.0  # explicit padding rows; their outputs are dropped in _collect
@@ -200,6 +215,10 @@ class Batcher(Inbox):
             for item in items:
                 self._release(item)
             self._cond.notify_all()
+
+    def _submit(self, items: list[WorkItem]) -> None:
+        """Submit the gathered batch to the engine (the ONNX Runtime CPU engine runs it now)."""
+        with self._cond:
             rate = self._arrival_rate(self.clock.monotonic(), decoded=True)
             backlog = len(self._ready)  # decoded frames already waiting for the engine beyond this batch
             coming = self._coming()
@@ -247,8 +266,13 @@ class Batcher(Inbox):
             item.outputs = {name: value[row].copy() for name, value in outputs.items()}
             item.engine_ms = engine_s * 1000.0
             item.state = ItemState.DONE
-            self._finish(item)
         self._running = [i for i in self._running if i not in items]
+        self._collected.extend(items)  # answered by _deliver, after the next gather when one is due
+
+    def _deliver(self) -> None:
+        """Answer the frames of the collected batches."""
+        while self._collected:
+            self._finish(self._collected.popleft())
 
     def _fail_batch(self, items: list[WorkItem], error: EngineError) -> None:
         self._running = [i for i in self._running if i not in items]
@@ -264,6 +288,7 @@ class Batcher(Inbox):
     def _die(self, error: EngineDeadError) -> None:
         """The engine can run nothing more: refuse new work, answer every admitted frame, tell the app."""
         log.critical("engine dead: %s", error)
+        self._deliver()
         with self._cond:
             self.dead = error
             self._accepting = False

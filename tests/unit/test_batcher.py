@@ -143,6 +143,41 @@ def test_full_batch_launches_at_once_then_a_partial_waits_max_wait_and_is_zero_p
     assert h.answered == reqs and h.batcher.statistics().depth == 0
 
 
+def test_a_finished_batch_is_answered_after_the_waiting_full_batch_is_gathered_and_before_it_runs(h):
+    # 12 ready = three full batches of B = 4
+    first, second, third = ([h.submit([0.1 * (4 * b + i + 1)]) for i in range(4)] for b in range(3))
+    seen: list[tuple[list[ItemState], int]] = []  # when each request is answered: the next batch's states, runs
+
+    def answer(r: Request) -> None:
+        h.answered.append(r)
+        seen.append(([i.items[0].state for i in second], len(h.engine.batches)))
+
+    for req in first + second:
+        req.on_done = answer
+    assert h.batcher.step(block=False) == 0.0
+    assert len(h.engine.batches) == 1 and h.answered == []  # computed; a full batch waits, so held back
+    assert all(req.items[0].state == ItemState.DONE for req in first)
+    assert h.batcher.step(block=False) == 0.0
+    # the first batch was answered with the second already gathered (its slots free) and not yet run
+    assert [s[0] for s in seen[:4]] == [[ItemState.RUNNING] * 4] * 4
+    assert {s[1] for s in seen[:4]} == {1} and h.answered[:4] == first
+    assert all(req.items[0].slot == -1 for req in second)
+    assert h.batcher.step(block=False) == 0.0  # the third: nothing waits behind it, so answered at once
+    assert h.answered == first + second + third and len(h.engine.batches) == 3
+    assert all(h.prob(req) == pytest.approx(req.instance, abs=1e-6) for req in first + second + third)
+
+
+def test_results_held_for_the_hand_over_are_answered_when_the_engine_dies_on_the_next_batch(fake_manifest):
+    h = Harness(fake_manifest, engine_opts={"dead_after": 1})
+    first = [h.submit([0.1]) for _ in range(4)]
+    second = [h.submit([0.2]) for _ in range(4)]
+    assert h.batcher.step(block=False) == 0.0 and h.answered == []  # held: a full batch waits
+    assert h.batcher.step(block=False) is None  # the second batch kills the engine
+    assert h.answered[:4] == first and all(req.items[0].state == ItemState.DONE for req in first)
+    assert all(req.items[0].state == ItemState.FAILED for req in second) and len(h.answered) == 8
+    assert h.dead
+
+
 def test_multiframe_request_gathers_all_frames(h):
     req = h.submit([0.2, 0.4, 0.6, 0.8, 0.9])
     h.settle()

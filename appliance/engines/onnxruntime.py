@@ -162,7 +162,9 @@ def probe_provider(provider: str) -> str | None:
     return None
 
 
-_BURST_NICE = 10  # the burst pool's threads: below the preprocessing workers' default niceness of 5
+#: How far below the preprocessing workers the burst pool's threads run. The workers' niceness is the option
+#: ``worker_nice`` (the daemon passes ``[workers] nice``; 0 for an engine without workers).
+BURST_NICE_GAP = 5
 
 
 def _native_threads() -> set[int]:
@@ -271,7 +273,7 @@ class _OrtEngine(Engine):
                                               providers=self._providers())
             self.burst_tids = _native_threads() - before  # the burst pool's own threads
             self._burst_threads = burst
-            _renice(self.burst_tids, _BURST_NICE)
+            _renice(self.burst_tids, min(19, int(self.options.get("worker_nice", 0)) + BURST_NICE_GAP))
         self._bind()
         log.info("engine loaded: %s %s on %s%s", self.manifest.name, self.precision, self.backend,
                  f" (burst: {burst} threads while preprocessing leaves cores idle)" if self._wide is not None else "")

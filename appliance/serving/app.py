@@ -97,7 +97,8 @@ class App:
         engine_cls, self.skipped_backends = resolve(config.engine.backend)
         options: dict[str, Any] = {"intra_op_threads": config.engine.intra_op_threads,
                                    "allow_spinning": config.engine.allow_spinning,
-                                   "burst_threads": config.engine.burst_threads}
+                                   "burst_threads": config.engine.burst_threads,
+                                   "worker_nice": config.workers.nice}  # the burst pool runs below the workers
         options.update(config.engine.options.as_dict())
         options.update(engine_options or {})
         self.engine = engine_cls(self.manifest, self.artifact, options)

@@ -19,6 +19,7 @@ import pydicom
 import pytest
 
 from appliance import dicom
+from appliance.config import WorkersConfig
 from appliance.pipeline.loader import load_pipelines
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
@@ -218,3 +219,18 @@ def test_a_jpeg2000_frame_on_two_threads_costs_the_worker_no_malloc_arena(worker
         assert conn.recv()[:2] == ("frame", job)  # type: ignore[attr-defined]
     vm_after = int(Path(f"/proc/{pid}/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     assert vm_after - vm_before < 48 << 20
+
+
+def test_workers_run_below_the_daemon_by_workers_nice(models_dir: Path) -> None:
+    # The engine thread and the event loop wake and run at once; the workers take what is left (docs/performance.md,
+    # "Worker niceness"). The default is 10.
+    assert WorkersConfig().nice == 10
+    for nice in (None, 3):
+        app = RunningApp(fake_config(models_dir, **({} if nice is None else {"workers": {"nice": nice}})))
+        try:
+            assert app.app.pool.wait_started(60)
+            daemon = os.getpriority(os.PRIO_PROCESS, 0)
+            pids = [p.pid for p in app.app.pool._procs.values()]
+            assert pids and all(os.getpriority(os.PRIO_PROCESS, pid) == min(19, daemon + (nice or 10)) for pid in pids)
+        finally:
+            app.stop()

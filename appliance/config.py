@@ -86,7 +86,7 @@ class WorkersConfig(Schema, frozen=True):
     start_timeout_s: Annotated[float, _range(1.0, 3600.0)] = 60.0  # a new worker must report ready within this
     # Niceness added to workers: the engine thread (the critical path) and the event loop get the CPU as soon as
     # they wake, the workers what is left. 10 against 5, 16 clients on 2 cores: +3-4 % req/s, the server's share
-    # of the cores 1.82 -> 1.85 (docs/performance.md, "Worker niceness").
+    # of the cores 1.82 -> 1.85 (docs/performance.md, "Where the idle core goes").
     nice: Annotated[int, _range(0, 19)] = 10
     # Free heap each worker (and the daemon) keeps for reuse instead of returning it to the kernel (glibc
     # malloc thresholds, appliance.heap); 0 = glibc's defaults, which cost ~600 page faults per 512x512 slice.

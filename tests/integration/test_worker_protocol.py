@@ -223,7 +223,7 @@ def test_a_jpeg2000_frame_on_two_threads_costs_the_worker_no_malloc_arena(worker
 
 def test_workers_run_below_the_daemon_by_workers_nice(models_dir: Path) -> None:
     # The engine thread and the event loop wake and run at once; the workers take what is left (docs/performance.md,
-    # "Worker niceness"). The default is 10.
+    # "Where the idle core goes"). The default is 10.
     assert WorkersConfig().nice == 10
     for nice in (None, 3):
         app = RunningApp(fake_config(models_dir, **({} if nice is None else {"workers": {"nice": nice}})))

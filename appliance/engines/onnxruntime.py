@@ -162,8 +162,8 @@ def probe_provider(provider: str) -> str | None:
     return None
 
 
-#: How far below the preprocessing workers the burst pool's threads run. The workers' niceness is the option
-#: ``worker_nice`` (the daemon passes ``[workers] nice``; 0 for an engine without workers).
+#: How far below the preprocessing workers the burst pool's threads run. The workers' niceness, added to the
+#: daemon's, is the option ``worker_nice`` (the daemon passes ``[workers] nice``; 0 for an engine without workers).
 BURST_NICE_GAP = 5
 
 
@@ -273,7 +273,8 @@ class _OrtEngine(Engine):
                                               providers=self._providers())
             self.burst_tids = _native_threads() - before  # the burst pool's own threads
             self._burst_threads = burst
-            _renice(self.burst_tids, min(19, int(self.options.get("worker_nice", 0)) + BURST_NICE_GAP))
+            below = int(self.options.get("worker_nice", 0)) + BURST_NICE_GAP  # relative, as the workers' os.nice
+            _renice(self.burst_tids, min(19, os.getpriority(os.PRIO_PROCESS, 0) + below))
         self._bind()
         log.info("engine loaded: %s %s on %s%s", self.manifest.name, self.precision, self.backend,
                  f" (burst: {burst} threads while preprocessing leaves cores idle)" if self._wide is not None else "")

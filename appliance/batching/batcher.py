@@ -2,9 +2,12 @@
 
 One turn of the loop is :meth:`Batcher.step`: **expire** frames past their deadline, **choose** what to launch
 (the pure rule :func:`appliance.batching.policy.choose`: fixed B, priorities, deadlines, the thermal pacer's
-gaps), **launch** (gather up to B ready slots into the batch buffer, zero-pad the rest, submit), and
-**collect** (split the outputs back, padding dropped). While the engine runs batch k, the worker processes
-prepare the frames of batch k+1. The slots, admission and cancellation live in :mod:`appliance.batching.inbox`.
+gaps), **gather** up to B ready slots into the batch buffer (zero-padding the rest), **deliver** the replies of
+the batch collected last turn, **submit** the gathered batch, and **collect** (split the outputs back, padding
+dropped). A collected batch is answered at once unless the engine is idle and a full batch already waits: then
+its replies wait for that batch's gather (the hand-over, see :meth:`Batcher.step`). While the engine runs batch
+k, the worker processes prepare the frames of batch k+1. The slots, admission and cancellation live in
+:mod:`appliance.batching.inbox`.
 
 Tests drive :meth:`Batcher.step` directly on a manual clock; the daemon runs it in a loop on the engine thread
 (:meth:`Batcher.start`), which loads, warms up and owns the engine.
@@ -146,8 +149,9 @@ class Batcher(Inbox):
     def step(self, *, block: bool = True) -> float | None:
         """One turn of the engine loop: expire -> choose -> gather -> deliver -> run -> collect.
 
-        NOTE (hand-over between batches): when a full batch already waits as one batch finishes, the finished
-        batch's replies are delivered only after the next batch is gathered, at the start of the next turn.
+        NOTE (hand-over between batches): when a full batch already waits as one batch finishes and no other batch
+        is on the engine, the finished batch's replies are delivered only after the next batch is gathered, at the
+        start of the next turn (with a batch still on the engine, they are delivered at once: it keeps running).
         Delivering wakes the event loop, and a gather that runs after that shares the cores and the GIL with the
         replies it sent: measured at 16 clients, the next batch then started 5.4-5.9 ms after the last one ended,
         against 1.4-1.5 ms this way (docs/performance.md, "Where the idle core goes").
@@ -186,9 +190,9 @@ class Batcher(Inbox):
             self._submit(items)
         if self._in_flight and (not items or len(self._in_flight) >= self._depth):
             self._collect(*self._in_flight.popleft())
-            with self._cond:
-                hold = len(self._ready) >= self.batch_size and len(self._in_flight) < self._depth
-            if not hold:  # no full batch waits: nothing to gather first
+            with self._cond:  # hold only while the engine has nothing else to run and a full batch waits
+                hold = not self._in_flight and len(self._ready) >= self.batch_size
+            if not hold:
                 self._deliver()
         return None if self.dead is not None else 0.0
 
@@ -200,10 +204,13 @@ class Batcher(Inbox):
             log.critical("engine thread failed", exc_info=e)
             error = EngineDeadError(f"engine thread failed: {type(e).__name__}: {e}")
             self._deliver()  # computed before the failure: their results stand
-            for item in self._running:
-                if not item.state.finished:
-                    item.state, item.error = ItemState.FAILED, error
-                    self._finish(item)
+            with self._cond:  # chosen, gathered or on the engine: nothing else will ever answer them
+                stranded = [item for request in self._requests for item in request.items
+                            if item.state == ItemState.RUNNING]
+            for item in stranded:
+                item.state, item.error = ItemState.FAILED, error
+                self._finish(item)
+            self._running = []
             self._die(error)
 
     def _gather(self, items: list[WorkItem]) -> None:

@@ -178,6 +178,36 @@ def test_results_held_for_the_hand_over_are_answered_when_the_engine_dies_on_the
     assert h.dead
 
 
+def test_with_a_batch_still_on_a_pipelined_engine_a_finished_batch_is_answered_at_once(fake_manifest):
+    h = Harness(fake_manifest, engine_cls=Pipelined)
+    first, second, third = ([h.submit([0.1 * (4 * b + i + 1)]) for i in range(4)] for b in range(3))
+    assert h.batcher.step(block=False) == 0.0 and h.engine.log == ["submit"]
+    assert h.batcher.step(block=False) == 0.0 and h.engine.log == ["submit", "submit", "result"]
+    # a full batch waits, but the second still runs on the engine: holding the first would only delay it
+    assert h.answered == first
+    h.settle()
+    assert h.answered == first + second + third
+    assert all(h.prob(req) == pytest.approx(req.instance, abs=1e-6) for req in first + second + third)
+
+
+def test_a_bug_on_the_engine_thread_answers_held_results_and_fails_the_batch_it_was_gathering(h, monkeypatch):
+    first = [h.submit([0.1]) for _ in range(4)]
+    second = [h.submit([0.2]) for _ in range(4)]
+    assert h.batcher.step(block=False) == 0.0 and h.answered == []  # held: a full batch waits
+
+    def broken(items: list[Any]) -> None:
+        raise RuntimeError("bug in gather")
+
+    monkeypatch.setattr(h.batcher, "_gather", broken)
+    h.batcher._loop()  # returns: the bug killed the engine loop
+    assert h.answered[:4] == first and all(req.items[0].state == ItemState.DONE for req in first)
+    assert h.prob(first[0]) == pytest.approx([0.1], abs=1e-6)
+    # chosen for the next batch (off the ready list) but never on the engine: still answered, as failed
+    assert all(req.items[0].state == ItemState.FAILED for req in second) and len(h.answered) == 8
+    assert all(isinstance(req.items[0].error, EngineDeadError) for req in second)
+    assert h.dead and h.batcher.unfinished == 0
+
+
 def test_multiframe_request_gathers_all_frames(h):
     req = h.submit([0.2, 0.4, 0.6, 0.8, 0.9])
     h.settle()

@@ -40,13 +40,12 @@ def wait_serving(target: str, timeout_s: float = 60.0, *, proc: subprocess.Popen
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    see = f"; see {log}" if log else ""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(target) as channel:
         stub: Any = health_pb2_grpc.HealthStub(channel)  # the stubs' HealthStub does not declare Check
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"server at {target} exited with {proc.returncode}{see}")
+                raise RuntimeError(f"server at {target} exited with {proc.returncode}{_see(log)}")
             try:
                 status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1).status
                 if status == health_pb2.HealthCheckResponse.SERVING:
@@ -54,4 +53,18 @@ def wait_serving(target: str, timeout_s: float = 60.0, *, proc: subprocess.Popen
             except grpc.RpcError:
                 pass
             time.sleep(0.1)
-    raise TimeoutError(f"server at {target} not SERVING within {timeout_s} s{see}")
+    raise TimeoutError(f"server at {target} not SERVING within {timeout_s} s{_see(log)}")
+
+
+def _see(log: str, lines: int = 12) -> str:
+    """Where the server's log is, and its last ``lines`` lines: the caller may delete it (a temporary folder)."""
+    if not log:
+        return ""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+    except OSError:
+        return f"; see {log}"
+    if not tail:
+        return f"; {log} is empty"
+    return f"; see {log}, which ends:\n" + "\n".join(f"  | {line}" for line in tail)

@@ -361,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         (pipes / "any.toml").write_text(ANY_PIPELINE)
         cfg = Path(tmp) / "chaos.toml"
         cfg.write_text(f'[server]\nlisten = ["127.0.0.1:{port}"]\n[model]\npipelines_dir = "{pipes}"\n'
-                       '[workers]\nstep_timeout_s = 3.0\nmemory_bytes = 1073741824\n')
+                       '[workers]\nstep_timeout_s = 3.0\nmemory_bytes = 1073741824\n'
+                       '[metrics]\nlisten = "127.0.0.1:0"\n')  # not 9400: a serving daemon may hold it
         env = {**os.environ, "APPLIANCE_TEST_DECODER_FAULTS": "1"}
         log_path = Path(tmp) / "daemon.log"  # a file, not a pipe: an unread pipe would block the daemon's logging
         with log_path.open("wb") as log_file:

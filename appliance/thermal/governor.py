@@ -156,12 +156,12 @@ class Governor:
         if temp is not None:
             used = self._duty if busy is None else busy
             normal = self._state in (GovernorState.COOL, GovernorState.REGULATING, GovernorState.THROTTLING)
-            self._check = self._frozen.check(now_s, temp, power, used, normal, self._full_w())
+            self._check = self._frozen.check(now_s, temp, power, used, normal, self._full_w(), jumped=why == "jump")
             if not self._check.ok:
                 self._blind_reason = self._check.reason
                 temp, why = None, "stuck"
         else:
-            self._frozen.reset()
+            self._frozen.skip(now_s, power, self._full_w())  # a gap is not a change (sensorcheck, point 5)
             self._check = FrozenCheck(True)
         if temp is None:
             return self._on_bad_sample(now_s, why, power)
@@ -262,6 +262,8 @@ class Governor:
             self._jump_run.append(float(temp_c))
             if len(self._jump_run) < c.recover_samples:
                 return None, "implausible jump"
+            self._jump_run = []
+            return float(temp_c), "jump"  # believed, but suspect until it moves on its own (sensorcheck, point 6)
         self._jump_run = []
         return float(temp_c), ""
 
@@ -335,6 +337,9 @@ class Governor:
             if cap is not None and cap < 1.0:
                 return self._decide(now_s, max(cap, c.min_duty), None, GovernorState.COOL, "stuck probe", headroom,
                                     power, temp)
+            if self._check.suspect:  # a cool reading that came by a jump: keep the duty until it moves on its own
+                return self._decide(now_s, max(self._duty, c.min_duty), None, GovernorState.COOL, "suspect jump: hold",
+                                    headroom, power, temp)
             return self._decide(now_s, 1.0, None, GovernorState.COOL, "cool", headroom, power, temp)
         return self._pi(now_s, temp, power, busy, dt, headroom)
 

@@ -35,6 +35,16 @@ live one at equilibrium give the governor exactly the same samples. So the detec
    the last change beyond half a degree (:meth:`FrozenDetector.unseen_rise`). A reading that freezes while a
    busy die is still warming is then throttled on the model until 1 or 2 declare it stuck.
 
+5. **Gaps are not changes.** A failed or rejected read (:meth:`FrozenDetector.skip`) keeps the reference:
+   the reading has not been seen to move, so the unchanged run, the model's change since it began and a probe
+   all go on across it (the model integrates the power through it). Forgetting them let a frozen sensor that
+   also fails one read a minute be believed for ever (83.9 °C on the 5090 plant in a warming room).
+6. **A jump is suspect until the reading moves on its own.** A value the governor only accepted because
+   several reads in a row agreed on it after a jump it first rejected (``jumped``) may be a sensor that froze
+   far from the die. Until the next ordinary change, the budget may not rise (:attr:`FrozenCheck.suspect`
+   keeps the duty where it was, even below the switch-on temperature) and a probe starts after
+   ``climb_probe_after_s``.
+
 A false positive costs throughput (the commissioned blind duty until the reading moves and
 ``recover_samples`` good samples pass), never safety.
 """
@@ -96,10 +106,12 @@ class FrozenCheck:
     probe_cap: float | None = None
     # Whether the governor may raise its budget on this sample.
     may_raise: bool = True
+    # The reading arrived by a jump and has not moved on its own since: hold the duty, even when cool.
+    suspect: bool = False
 
 
 class FrozenDetector:
-    """Tracks one reading stream; call :meth:`check` once per valid sample, :meth:`reset` after a gap."""
+    """Tracks one reading stream; call :meth:`check` once per valid sample, :meth:`skip` once per failed one."""
 
     UNSEEN_SLACK_C = 0.5
 
@@ -125,6 +137,8 @@ class FrozenDetector:
         self._after_probe = False
         self._probe_ref = 0.0
         self._backoff = 1.0
+        self._gap_in_run = False  # a read failed during the current unchanged run: its length is no flicker
+        self._suspect = False
         self.probes = 0
         """Probes started so far."""
 
@@ -138,13 +152,27 @@ class FrozenDetector:
         """Whether a probe is running."""
         return self._probe_t is not None
 
-    def reset(self) -> None:
-        """Forget the reference (after a read error or blind period); a stuck verdict is kept."""
-        self._value = None
-        self._probe_t = None
-        self._last_t = None
-        self._model = None
-        self._sink = None
+    def skip(self, now: float, power: float, full_w: float | None = None) -> None:
+        """A sample without a usable reading (failed, implausible, or a rejected jump): the model runs on.
+
+        The reference reading, the time it last changed, the model's change since then and a running probe are
+        all kept: a gap says nothing about whether the sensor moved (see the module docstring, point 5).
+        """
+        self._advance(now, power, full_w)
+        self._gap_in_run = True
+
+    def _advance(self, now: float, power: float, full_w: float | None) -> None:
+        """Integrate the two model nodes up to ``now`` on the measured power."""
+        s = self.s
+        dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
+        self._last_t = now
+        self._per_w = 1.0 / (full_w if full_w is not None and full_w > 0.0 else s.p_max_w)
+        if self._model is None or self._sink is None:  # start: the model needs a few time constants to be trusted
+            self._model = power
+            self._sink = power
+            self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
+        self._model += (power - self._model) * min(dt / s.die_tau_s, 1.0)
+        self._sink += (power - self._sink) * min(dt / s.sink_tau_s, 1.0)
 
     def _typical_run_s(self) -> float | None:
         """The longest of the last 8 unchanged runs (None until 8 are known).
@@ -168,11 +196,12 @@ class FrozenDetector:
         # about the sensor's own flicker; a live answer to a probe doubles the wait for the next one
         if self._probe_t is not None:
             self._backoff = min(self._backoff * 2.0, 64.0)
-        elif natural and not self._after_probe:
+        elif natural and not self._after_probe and not self._gap_in_run:
             self._runs.append(now - self._changed_t)
             self._backoff = 1.0
             self._changes.append((now, temp))
         self._after_probe = self._probe_t is not None
+        self._gap_in_run = False
         self._value = temp
         self._changed_t = now
         self._model_ref = self._model if self._model is not None else 0.0
@@ -201,8 +230,21 @@ class FrozenDetector:
         sink_c = self.s.sink_rise_c * (self._sink - self._sink_ref) * self._per_w
         return self._die_c(self._model - self._model_ref) + sink_c
 
+    def _waits(self) -> tuple[float, float]:
+        """How long the reading may stay unchanged before the budget is held, and before a probe starts, s."""
+        s = self.s
+        if self._suspect:  # arrived by a jump and never moved since: probe soon, never raise
+            return 0.0, s.climb_probe_after_s
+        typical = self._typical_run_s()
+        if typical is None:
+            return s.frozen_hold_s, s.probe_after_s
+        # a reading that was climbing and stops is more suspect than one that dithered
+        floor = s.climb_probe_after_s if self._climbed_c() >= 3.0 else s.min_probe_after_s
+        return (min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s),
+                min(max(3.0 * typical * self._backoff, floor), s.probe_after_s))
+
     def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool,
-              full_w: float | None = None) -> FrozenCheck:
+              full_w: float | None = None, *, jumped: bool = False) -> FrozenCheck:
         """Judge one plausible sample.
 
         Args:
@@ -213,26 +255,25 @@ class FrozenDetector:
             can_probe: Whether the governor is in normal operation (cool, regulating or throttling).
             full_w: Watts of a full duty above idle as the governor has learned them (default: the settings'
                 ``p_max_w``); the rises are per full power.
+            jumped: The reading was accepted only after a rejected jump (see the module docstring, point 6).
         """
         s = self.s
-        dt = 0.0 if self._last_t is None else min(max(now - self._last_t, 0.0), 5.0)
-        self._last_t = now
-        self._per_w = 1.0 / (full_w if full_w is not None and full_w > 0.0 else s.p_max_w)
-        if self._model is None:  # (re)start: the model needs a few time constants before it is trusted
-            self._model = power
-            self._sink = power
-            self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
-        assert self._sink is not None
-        self._model += (power - self._model) * min(dt / s.die_tau_s, 1.0)
-        self._sink += (power - self._sink) * min(dt / s.sink_tau_s, 1.0)
+        self._advance(now, power, full_w)
+        assert self._model is not None
         if self._stuck_value is not None:
             if temp == self._stuck_value:
                 return FrozenCheck(False, "stuck: reading frozen")
             self._stuck_value = None
+            self._suspect = jumped
             self._mark(now, temp, power)
-            return FrozenCheck(True)
-        if self._value is None or temp != self._value or now < self._warm_until:
-            self._mark(now, temp, power, self._value is not None and temp != self._value)
+            return FrozenCheck(True, may_raise=not jumped, suspect=jumped)
+        changed = self._value is not None and temp != self._value
+        if changed:
+            self._suspect = jumped
+        if self._value is None or changed or now < self._warm_until:
+            self._mark(now, temp, power, changed and not jumped)
+            if self._suspect:
+                return FrozenCheck(True, may_raise=False, suspect=True)
             return FrozenCheck(True)
         expect = self._die_c(self._model - self._model_ref)
         # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
@@ -261,14 +302,7 @@ class FrozenDetector:
         else:
             self._expect_since = None
         frozen_s = now - self._changed_t
-        typical = self._typical_run_s()
-        hold_s, probe_after_s = s.frozen_hold_s, s.probe_after_s
-        if typical is not None:
-            hold_s = min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s)
-            # a reading that was climbing and stops is more suspect than one that dithered
-            climbing = self._climbed_c() >= 3.0
-            floor = s.climb_probe_after_s if climbing else s.min_probe_after_s
-            probe_after_s = min(max(3.0 * typical * self._backoff, floor), s.probe_after_s)
+        hold_s, probe_after_s = self._waits()
         may_raise = frozen_s < hold_s
         if self._probe_t is None:
             if frozen_s >= probe_after_s and can_probe and busy >= 0.2:
@@ -280,6 +314,6 @@ class FrozenDetector:
             cut = min(s.probe_rate * (now - self._probe_t + 1.0), s.probe_max_cut)
             if cut >= s.probe_max_cut and now - self._probe_t > s.probe_max_cut / s.probe_rate + 4 * s.die_tau_s:
                 self._mark(now, temp, power)  # inconclusive (the power did not follow): re-arm
-                return FrozenCheck(True, may_raise=False)
-            return FrozenCheck(True, probe_cap=self._probe_busy * (1.0 - cut), may_raise=False)
-        return FrozenCheck(True, may_raise=may_raise)
+                return FrozenCheck(True, may_raise=False, suspect=self._suspect)
+            return FrozenCheck(True, probe_cap=self._probe_busy * (1.0 - cut), may_raise=False, suspect=self._suspect)
+        return FrozenCheck(True, may_raise=may_raise, suspect=self._suspect)

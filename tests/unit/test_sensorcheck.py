@@ -127,3 +127,53 @@ def test_a_reading_frozen_above_the_target_while_the_power_winds_down_is_caught_
     for t in range(60):
         det.check(float(t), 73.0 + (t // 3) % 2, 400.0, 0.7, True)
     assert det.check(60.0, 73.0, 400.0, 0.7, True).ok
+
+
+def test_read_errors_between_frozen_readings_do_not_restart_the_detector() -> None:
+    det = FrozenDetector(SETTINGS)
+    for t in range(60):  # idle, a live flicker
+        assert det.check(float(t), 45.0 + (t % 2), 40.0, 0.05, False).ok
+    verdicts = []
+    for t in range(60, 90):  # a load step under a reading frozen at 45, every third read failing
+        if t % 3 == 0:
+            det.skip(float(t), 560.0)
+        else:
+            verdicts.append(det.check(float(t), 45.0, 560.0, 1.0, False))
+    assert any(not v.ok and v.reason.startswith("stuck: power rose") for v in verdicts)
+
+
+def _flaky_frozen(value: float | None, rate: float) -> tuple[Profile, int]:
+    prof, onset = _warming_room(value)
+    # the flaky window first: a read that does not fail returns the frozen value
+    prof.faults = [Fault("flaky", onset, len(prof.demand), rate=rate), *prof.faults]
+    return prof, onset
+
+
+@pytest.mark.parametrize(("value", "rate"), [(None, 0.05), (72.0, 0.2)])
+def test_a_frozen_reading_that_also_fails_some_reads_is_still_caught(value: float | None, rate: float) -> None:
+    """Held-out review: each read error used to restart the detector (83.9 °C at 72 °C frozen, 20 % failing)."""
+    prof, onset = _flaky_frozen(value, rate)
+    res = run_profile(prof, PRESETS["5090"], SensorParams(1.0, "floor", 0.25), ThermalConfig(blind_duty=0.45), seed=1)
+    assert res.seconds_above == 0.0 and res.max_die_c < 75.0
+    stuck = [i for i in range(onset, len(res.state)) if res.reason[i].startswith("stuck")]
+    assert stuck and stuck[0] - onset <= 300
+
+
+@pytest.mark.parametrize("value", [40.0, 59.0])
+def test_a_reading_that_jumps_down_and_freezes_is_not_believed_cool(value: float) -> None:
+    """Held-out review: a reading frozen far below the die was confirmed by its own repeats (80.8 °C at 40 °C)."""
+    prof, onset = _warming_room(value)
+    res = run_profile(prof, PRESETS["5090"], SensorParams(1.0, "floor", 0.25), ThermalConfig(blind_duty=0.45), seed=1)
+    assert res.seconds_above == 0.0 and res.max_die_c < 75.0
+    assert max(res.duty[onset:onset + 30]) <= res.duty[onset - 1] + 1e-9  # never a cool full duty
+    stuck = next(i for i in range(onset, len(res.state)) if res.reason[i].startswith("stuck"))
+    assert stuck - onset <= 120
+
+
+def test_a_real_jump_down_is_trusted_as_soon_as_the_reading_moves() -> None:
+    gov = Governor()
+    for t in range(120):  # hot under load
+        gov.update(float(t), 72.0 + (t % 2), 450.0, 0.8)
+    for t in range(120, 130):  # the die really cooled during an outage: reads 48, 48, ... then keeps falling
+        gov.update(float(t), 48.0 if t < 127 else 47.0, 40.0, 0.8)
+    assert gov.last_decision.reason == "cool" and gov.last_decision.duty == 1.0

@@ -16,13 +16,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import threading
 from pathlib import Path
 
 from appliance.errors import ConfigError, InputError
 
-__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "set_uid_key", "uid_key", "validate_request_id"]
+__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "redact_foreign", "set_uid_key", "uid_key",
+           "validate_request_id"]
 
 MAX_REQUEST_ID = 64
 
@@ -87,6 +89,22 @@ def load_uid_key(path: str) -> None:
     if len(key) < 16:
         raise ConfigError(f"{p} (config key logging.uid_key_file) holds {len(key)} bytes; at least 16 needed")
     set_uid_key(key)
+
+
+# What a foreign library's message may quote from the file: a bytes or string literal (pydicom quotes the raw value
+# of an element whose length lies, and a lying length in group 0028 swallows the elements after it), a DICOM person
+# name (components joined by ^), or a long run of digits (an ID, a date).
+_QUOTED = re.compile(r"""(?<!\w)b?'(?:[^'\\]|\\.)*'?|(?<!\w)b?"(?:[^"\\]|\\.)*"?""")
+_NAME_OR_ID = re.compile(r"\S*\^\S*|\d{6,}")
+
+
+def redact_foreign(text: str) -> str:
+    """A foreign exception's message with every value it may quote from the input replaced by ``<value>``.
+
+    For errors the appliance did not write itself (a decoder's or pydicom's), before they reach a client or a
+    log: the appliance's own errors name the tag, never its value.
+    """
+    return _NAME_OR_ID.sub("<value>", _QUOTED.sub("<value>", text))
 
 
 def hash_uid(uid: str) -> str:

@@ -14,6 +14,7 @@ from pydicom.datadict import dictionary_description, tag_for_keyword
 from pydicom.pixels import get_decoder
 
 from appliance.errors import UnsupportedTransferSyntax
+from appliance.privacy import redact_foreign
 
 __all__ = ["DECODER_PLUGINS", "LOSSY_SYNTAXES", "MODALITIES", "NATIVE", "check_syntax", "decoder_report",
            "defined_term", "first_line", "plugin_status", "tag_name", "ts_label", "uid_label"]
@@ -95,9 +96,9 @@ def ts_label(ts: str) -> str:
 
 def first_line(e: BaseException) -> str:
     """Return the first lines of an exception's text, at most 300 characters (for error messages)."""
-    # Decoder messages are about codestreams, not element values; keep them short anyway.
+    # Foreign messages may quote element values (patient data): redacted (appliance.privacy.redact_foreign).
     text = str(e).strip().splitlines()
-    return " ".join(line.strip() for line in text[:3])[:300] if text else ""
+    return redact_foreign(" ".join(line.strip() for line in text[:3]))[:300] if text else ""
 
 def decoder_report() -> dict[str, dict[str, Any]]:
     """Return, per accepted transfer syntax UID, the chosen plugin and whether it can be used here.

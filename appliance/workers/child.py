@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import resource
 import signal
 import sys
@@ -49,6 +50,7 @@ from appliance.heap import WORKER_ARENAS, keep_heap, limit_arenas
 from appliance.logs import configure_logging
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.preprocess import Pipeline
+from appliance.privacy import redact_foreign
 from appliance.workers.arena import InputBuffer, SlotArena
 
 __all__ = ["FAULT_ROOT", "FAULTS", "WorkerSpec", "decode_error", "encode_error", "worker_main"]
@@ -76,6 +78,9 @@ class WorkerSpec:
     input_bytes: int = 0
 
 
+_TAG = re.compile(r"\([0-9A-Fa-f]{4},[0-9A-Fa-f]{4}\)")
+
+
 class _Panic(BaseException):
     """Stands in for ``pyo3_runtime.PanicException`` (a BaseException raised by Rust decoders)."""
 
@@ -86,8 +91,12 @@ def encode_error(error: BaseException) -> tuple[str, str, str, str]:
         return type(error).__name__, str(error), getattr(error, "field", "dicom"), error.reason
     if isinstance(error, MemoryError):
         return "Overloaded", "decoding needs more memory than the worker's limit", "dicom", "DECODER_MEMORY_LIMIT"
-    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    return "DicomError", f"decoder failed: {type(error).__name__}: {text}".rstrip(": "), "dicom.PixelData", ""
+    # a foreign message may quote the file's bytes (patient data): values redacted, then cut to one short line
+    full = redact_foreign(" ".join(str(error).split()))
+    tag = _TAG.search(full)  # pydicom names the element it was reading: put it first, a long message is cut
+    where = f" on {tag.group(0)}" if tag else ""
+    return "DicomError", f"decoder failed{where}: {type(error).__name__}: {full[:200]}".rstrip(": "), \
+        "dicom.PixelData", ""
 
 
 def decode_error(encoded: tuple[str, str, str, str]) -> ApplianceError:

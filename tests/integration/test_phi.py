@@ -109,6 +109,25 @@ def _malformed_values() -> bytes:
         return _bytes(ds)
 
 
+def _length_lies() -> bytes:
+    """A group-0028 US element whose odd length runs over a private copy of the patient's name after it.
+
+    pydicom's BytesLengthException quotes the raw bytes it read, and the daemon used to pass that text on.
+    """
+    ds = _dataset(6)
+    for tag in [t for t in ds.keys() if t.group == 0x0028 and t.element > 0x0106]:
+        del ds[tag]  # nothing between it and the name: the quoted bytes reach the name within the message's cut
+    ds.add_new(0x00280106, "US", 0)  # Smallest Image Pixel Value
+    ds.add_new(0x00290010, "LO", "VENDOR")
+    ds.add_new(0x00291010, "LO", PHI["PatientName"] + "Z")  # even length: no padding byte after it
+    data = bytearray(_bytes(ds))
+    at = data.index(b"\x28\x00\x06\x01US")
+    end = data.index(PHI["PatientName"].encode(), at) + len(PHI["PatientName"]) + 2
+    data[at + 10:at + 10] = b"\x00"
+    data[at + 6:at + 8] = (end - (at + 8)).to_bytes(2, "little")
+    return bytes(data)
+
+
 def _not_dicom() -> bytes:
     return b"\0" * 128 + b"XXXX" + ("|".join(PHI.values()) * 20).encode()
 
@@ -123,6 +142,7 @@ INPUTS: list[tuple[str, Callable[[], bytes]]] = [
     ("bit-flipped-3", _bit_flipped(3)),
     ("not-an-image", _not_an_image),
     ("malformed-values", _malformed_values),
+    ("length-lies", _length_lies),
     ("not-dicom", _not_dicom),
 ]
 

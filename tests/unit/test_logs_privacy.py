@@ -164,3 +164,51 @@ def test_journald_auto_needs_journal_stream(tmp_path: Path, restore_logging) -> 
     handler = configure_logging("info", "auto", journal_socket=str(path), env={}, stream=io.StringIO())
     assert type(handler).__name__ == "StreamHandler"
     assert os.environ.get("GRPC_VERBOSITY")
+
+
+def test_foreign_messages_lose_every_value_they_quote() -> None:
+    text = ("Instead received b'\\x00)\\x00LO\\x08\\x00ZZTEST^MARKER' with length 35 and struct format 'H'; "
+            'value "ZZTEST^MARKER", date 19700101, id 4455667, name ZZTEST^MARKER')
+    out = privacy.redact_foreign(text)
+    assert "ZZTEST" not in out and "MARKER" not in out and "19700101" not in out and "4455667" not in out
+    assert "length 35" in out and "struct format <value>" in out  # the rest of the message stays
+    assert privacy.redact_foreign("can't decode tile 3: it's truncated") == "can't decode tile 3: it's truncated"
+
+
+def test_an_element_whose_length_lies_does_not_leak_the_elements_it_swallows() -> None:
+    """Held-out review: pydicom's BytesLengthException quoted the raw bytes of the private name after it."""
+    import io
+
+    import numpy as np
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+    from appliance import dicom
+    from appliance.workers.child import encode_error
+
+    ds = Dataset()
+    ds.SOPClassUID, ds.SOPInstanceUID, ds.Modality = CTImageStorage, generate_uid(), "CT"
+    ds.Rows = ds.Columns = 16
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
+    ds.add_new(0x00280106, "US", 0)  # Smallest Image Pixel Value: its length will lie
+    ds.add_new(0x00290010, "LO", "ACME 1.0")
+    ds.add_new(0x00291010, "LO", "ZZTEST^MARKERS")  # a vendor's private copy of a name (even length: no padding)
+    ds.PixelData = np.zeros((16, 16), np.uint16).tobytes()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    b = bytearray(buf.getvalue())
+    at = b.find(b"\x28\x00\x06\x01US")
+    end = b.find(b"ZZTEST^MARKERS", at) + len("ZZTEST^MARKERS") + 1
+    b[at + 10:at + 10] = b"\x00"  # an odd length that runs over the private elements
+    struct.pack_into("<H", b, at + 6, end - (at + 8))
+    with pytest.raises(BaseException) as info:
+        dicom.parse(bytes(b))
+    raw = str(info.value)
+    name, message, _, _ = encode_error(info.value)
+    assert "MARKER" in raw  # the foreign text does quote it
+    assert "MARKER" not in message and "ZZTEST" not in message and "ACME" not in message
+    assert message.startswith("decoder failed on (0028,0106): ") and name == "DicomError"

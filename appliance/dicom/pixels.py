@@ -355,12 +355,13 @@ def modality_lut_table(ds: Dataset, pm: PixelModule) -> tuple[int, np.ndarray] |
     if not seq:
         return None
     try:
-        n_entries, first, _bits = (int(v) for v in seq[0].LUTDescriptor)
+        n_entries, read, _bits = (int(v) for v in seq[0].LUTDescriptor)
         n_entries = n_entries or 65536
-        if pm.pixel_representation == 1 and first >= 1 << 15:
-            first -= 1 << 16  # first mapped value is stored as US even for signed data
-        stored = np.arange(first, first + n_entries, dtype=np.int64)
-        table = np.asarray(apply_modality_lut(stored, ds), dtype=np.float32)
+        # pydicom indexes LUT Data with the first mapped value as it reads it (as US, 0xF800 for -2048): ask it for
+        # the entries in index order with that same value, then map them from the signed one
+        table = np.asarray(apply_modality_lut(np.arange(read, read + n_entries, dtype=np.int64), ds),
+                           dtype=np.float32)
+        first = read - (1 << 16) if pm.pixel_representation == 1 and read >= 1 << 15 else read
     except Exception as e:  # noqa: BLE001 - malformed LUT descriptor or data
         raise DicomError(f"{tag_name('ModalityLUTSequence')} is malformed: {type(e).__name__}",
                          field="dicom.ModalityLUTSequence") from e

@@ -389,3 +389,20 @@ def test_synthetic_every_transfer_syntax_matches_model_input(tmp_path):
         # JPEG-LS near-lossless (NEAR=2) may move each stored value by 2 HU: 2/1500 after the window.
         atol = 2.0 / 1500.0 + 1e-6 if ts == JPEGLSNearLossless else 1e-6
         np.testing.assert_allclose(out, expected, rtol=0, atol=atol, err_msg=ts)
+
+
+def test_a_modality_lut_for_signed_pixels_maps_from_its_signed_first_value() -> None:
+    """Held-out review: a first mapped value of 0xF800 (-2048, stored as US) made every entry LUT Data[0]."""
+    from appliance.dicom.pixels import modality_lut_table, pixel_module
+
+    ds = make_dataset(pixels=np.zeros((4, 4), np.int16), PixelRepresentation=1)
+    item = Dataset()
+    item.add_new(0x00283002, "US", [4096, 0xF800, 16])  # 4096 entries from -2048
+    item.add_new(0x00283006, "US", list(range(4096)))
+    item.ModalityLUTType = "HU"
+    ds.ModalityLUTSequence = [item]
+    got = modality_lut_table(ds, pixel_module(ds, "PixelData"))
+    assert got is not None
+    first, table = got
+    assert first == -2048 and table.shape == (4096,)
+    np.testing.assert_array_equal(table, np.arange(4096, dtype=np.float32))

@@ -8,8 +8,9 @@ end-of-image marker is truncated (most decoders would return partial pixels with
 
 Only headers are read: the cost is a few microseconds per frame, whatever the frame's size.
 
-Supported: JPEG (SOF0..SOF15 except DHT/JPG/DAC), JPEG-LS (SOF55), JPEG 2000 and HTJ2K (SIZ, raw codestream or
-inside a JP2 ``jp2c`` box), RLE (the 64-byte segment header).
+Supported: JPEG (SOF0..SOF15 except DHT/JPG/DAC; the hierarchical frames are refused), JPEG-LS (SOF55), JPEG 2000
+and HTJ2K (SIZ, raw codestream or inside a JP2 ``jp2c`` box; subsampled components are refused), RLE (the 64-byte
+segment header).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ _JPEGLS = frozenset({_uid.JPEGLSLossless, _uid.JPEGLSNearLossless})
 _J2K = frozenset({_uid.JPEG2000Lossless, _uid.JPEG2000, _uid.HTJ2KLossless, _uid.HTJ2KLosslessRPCL, _uid.HTJ2K})
 # SOF markers: C0-C3, C5-C7, C9-CB, CD-CF (C4 DHT, C8 JPG, CC DAC are not frames); F7 is JPEG-LS SOF55.
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+# Hierarchical JPEG (DHP, EXP and the differential frames SOF5-7, SOF13-15) is no DICOM JPEG process: its DHP
+# declares a size of its own that the SOF check never sees (a 20 KB frame made a worker map 1.85 GB).
+_HIERARCHICAL = frozenset({0xDE, 0xDF, 0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF})
 _MAX_J2K_TILES = 1 << 16  # a legitimate image has few tiles; millions of 1x1 tiles is a decoder bomb
 
 
@@ -123,6 +127,9 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool) -> None:
         (length,) = struct.unpack_from(">H", frame, pos + 2)
         if length < 2 or pos + 2 + length > n:
             raise StreamError(f"marker FF{marker:02X} has a length ({length}) that runs past the frame")
+        if marker in _HIERARCHICAL:
+            raise StreamError(f"the codestream uses hierarchical JPEG (marker FF{marker:02X}), which no DICOM "
+                              "transfer syntax allows")
         if (ls and marker == 0xF7) or (not ls and marker in _SOF):
             if length < 8:
                 raise StreamError(f"the frame header FF{marker:02X} is too short")
@@ -175,8 +182,9 @@ def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
     precisions = []
     for c in range(csiz):
         ssiz, xr, yr = struct.unpack_from(">BBB", frame, pos + 38 + 3 * c)
-        if xr == 0 or yr == 0:
-            raise StreamError("the J2K SIZ component subsampling is 0")
+        if (xr, yr) != (1, 1):  # DICOM frames hold every component at full size; a decoder would upsample
+            raise StreamError(f"the J2K SIZ subsamples component {c} by {xr} x {yr}: every component must have "
+                              "(0028,0010) Rows x (0028,0011) Columns samples")
         precisions.append((ssiz & 0x7F) + 1)
     _check_dims(ysiz - yo, xsiz - xo, csiz, max(precisions, default=0), g)
     present = _j2k_tiles(frame, pos + lsiz, tiles)

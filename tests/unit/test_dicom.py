@@ -499,3 +499,30 @@ def test_count_tag_agrees_with_bytes_count_across_chunks(noise: bytes, positions
     data = bytes(buf)
     assert count_tag(data, _ITEM_TAG) == data.count(_ITEM_TAG)
     assert count_tag(data, _ITEM_TAG_BE) == data.count(_ITEM_TAG_BE)
+
+
+@pytest.mark.parametrize("factor", [2, 255])
+def test_a_j2k_frame_whose_siz_subsamples_a_component_is_refused(factor):
+    """Held-out review: XRsiz/YRsiz of 2 decoded to a full-size array of wrong pixels, answered OK."""
+    from appliance.tools import synthetic
+
+    ds = pydicom.dcmread(io.BytesIO(synthetic.workload("j2k", 1, 0)[0]))
+    frame = bytearray(next(pydicom.encaps.generate_frames(ds.PixelData, number_of_frames=1)))
+    siz = frame.index(b"\xff\x51") + 2
+    frame[siz + 38 + 1 : siz + 38 + 3] = bytes([factor, factor])  # component 0: XRsiz, YRsiz
+    ds.PixelData = encapsulate([bytes(frame)])
+    with pytest.raises(DicomError, match=rf"SIZ subsamples component 0 by {factor} x {factor}"):
+        parse(to_bytes(ds)).decode_frame(0)
+
+
+@pytest.mark.parametrize("marker", [0xDE, 0xC5])
+def test_a_hierarchical_jpeg_frame_is_refused_before_any_decoder_sees_it(marker):
+    """Held-out review: a DHP declaring 30000 x 30000 in a 20 KB frame took a worker to 1.85 GB."""
+    ds = make_dataset(pixels=(np.arange(64 * 64, dtype=np.uint16) % 4096).reshape(64, 64))
+    ds.compress(JPEGLSLossless, encoding_plugin="pyjpegls")  # any SOI-led stream; relabelled as JPEG Lossless
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.JPEGLosslessSV1
+    segment = b"\xff" + bytes([marker]) + struct.pack(">HBHHB", 8, 16, 30000, 30000, 1)
+    frame = next(pydicom.encaps.generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([frame[:2] + segment + frame[2:]])
+    with pytest.raises(DicomError, match=f"hierarchical JPEG \\(marker FF{marker:02X}\\)"):
+        parse(to_bytes(ds)).decode_frame(0)

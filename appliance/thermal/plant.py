@@ -122,6 +122,7 @@ class Plant:
         self.fan = 0.0
         self.fan_on = False
         self.energy_j = 0.0
+        self.busy_s = 0.0  # busy seconds actually run (with ``track_c``, after the tracker's cap)
         self.power_w = self.params.p_idle_w
         self.max_tj = ambient_c
         self.seconds_above = 0.0
@@ -164,6 +165,7 @@ class Plant:
             tj += h * (power - q) / p.c_j
             th += h * (q - (p.g0 + p.g1 * fan) * (th - amb)) / p.c_h
             self.energy_j += power * h
+            self.busy_s += u * h
             self._hist.append(tj)
             if tj > peak:
                 peak = tj

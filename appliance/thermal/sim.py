@@ -186,18 +186,15 @@ def _open_loop(profile: Profile, plant: PlantParams | None, duty: float, track_c
                limit_c: float, stop_above: bool) -> tuple[float, float]:
     p = Plant(plant, profile.ambient[0], limit_c=limit_c)
     done = want = 0.0
-    e0 = 0.0
     for t, demand in enumerate(profile.demand):
         p.ambient_c, p.fan_scale = profile.ambient[t], profile.fan_scale[t]
         busy = min(demand, duty)
-        e0 = p.energy_j
+        before = p.busy_s
         peak = p.advance(1.0, busy, track_c)
         if stop_above and peak > limit_c:
             return peak, 0.0
-        if track_c is not None:  # work done = the busy the tracker actually allowed
-            dyn_full = (p.energy_j - e0) - p.params.p_idle_w
-            full = p.params.p_max_w - p.params.p_idle_w
-            busy = min(busy, max(dyn_full, 0.0) / (full * (1 + p.params.leak_per_c * (p.tj - 60.0))))
+        if track_c is not None:  # work done = the busy the tracker actually allowed (counted by the plant; the
+            busy = p.busy_s - before  # energy-based count ignored the power limit's cap and undercounted it)
         done += busy
         want += demand
     return p.max_tj, done / max(want, 1e-9)

@@ -171,3 +171,17 @@ def test_cli_fails_when_a_target_fails(capsys: pytest.CaptureFixture[str]) -> No
     # a setpoint at the limit with a 3 s delay must overshoot: the command reports FAIL and exits 1
     assert simcli.main(["--hours", "2", "--setpoint-c", "74.6", "--delay-s", "3"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_ideal_tracker_counts_its_work_under_the_power_limit() -> None:
+    """Held-out review: the tracker inferred its work from energy without the power limit's cap, undercounting it."""
+    import dataclasses
+
+    limited = dataclasses.replace(PRESETS["5090"], p_limit_w=0.7 * PRESETS["5090"].p_max_w)
+    n = 1800
+    profile = ts.Profile([1.0] * n, [25.0] * n, [1.0] * n, [])
+    # a limit the die never reaches: the tracker never cuts, so it serves every second demanded
+    assert ts.ideal_tracker(profile, limited, limit_c=150.0) == pytest.approx(1.0, abs=1e-9)
+    # and with the real limit it serves what it let the plant run, never more than demanded
+    served = ts.ideal_tracker(profile, limited, limit_c=75.0)
+    assert 0.0 < served <= 1.0

@@ -17,6 +17,7 @@ from pydicom.pixels import get_decoder
 from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless
 
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, j2k_reversible_levels, stream_kind
+from appliance.dicom.jpegcheck import jpeg_data_lost
 from appliance.dicom.openjpeg import decode_j2k_grey, decode_j2k_lowpass
 from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
@@ -140,6 +141,12 @@ class DicomInstance:
         frame = self._check_stream(index)
         if frame is not None and (grey := self._plain_j2k_grey(frame)) is not None:
             return grey, self.photometric
+        if frame is not None and stream_kind(self.transfer_syntax_uid) == "jpeg" and self.bits_stored <= 8:
+            lost = jpeg_data_lost(frame, self.samples_per_pixel)  # the decoders below would fill it in silently
+            if lost is not None:
+                raise DicomError(f"{tag_name('PixelData')} frame {index} ({ts_label(self.transfer_syntax_uid)}): "
+                                 f"the JPEG data is truncated or corrupt (libjpeg-turbo: {lost[:120]})",
+                                 field="dicom.PixelData")
         decoder = get_decoder(self.transfer_syntax_uid)
         plugin = "" if self.decoding_plugin == NATIVE else self.decoding_plugin
         try:

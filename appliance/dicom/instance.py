@@ -164,7 +164,30 @@ class DicomInstance:
                 f"plugin {self.decoding_plugin!r})",
                 field="dicom.PixelData",
             )
+        if frame is not None:
+            self._check_range(index, arr)
         return arr, str(props.get("photometric_interpretation", self.photometric))
+
+    def _check_range(self, index: int, arr: np.ndarray) -> None:
+        """Refuse a decoded compressed frame whose values do not fit (0028,0101) Bits Stored and its sign.
+
+        Native and RLE samples are masked to Bits Stored; a JPEG-family codestream whose own precision or sign
+        disagrees with the header would otherwise reach the model unmasked (a 16-bit stream under Bits Stored 12
+        decoded to 65,024 where the native file gives 3,584). Which one is right cannot be known: refused.
+        """
+        if arr.dtype.kind not in "iu" or self.bits_stored >= arr.dtype.itemsize * 8:
+            return
+        lo, hi = ((-(1 << (self.bits_stored - 1)), (1 << (self.bits_stored - 1)) - 1) if self.pixel_representation
+                  else (0, (1 << self.bits_stored) - 1))
+        got_lo, got_hi = int(arr.min()), int(arr.max())
+        if got_lo < lo or got_hi > hi:
+            raise DicomError(
+                f"{tag_name('PixelData')} frame {index} ({ts_label(self.transfer_syntax_uid)}) decodes to values "
+                f"{got_lo} .. {got_hi}, outside the {lo} .. {hi} that {tag_name('BitsStored')} = {self.bits_stored} "
+                f"and {tag_name('PixelRepresentation')} = {self.pixel_representation} allow: the codestream's "
+                "precision or sign disagrees with the header",
+                field="dicom.BitsStored",
+            )
 
     def _plain_j2k_grey(self, frame: bytes) -> np.ndarray | None:
         """``frame`` decoded by Pillow's OpenJPEG (which can use idle cores), or None to decode it with pydicom.

@@ -552,3 +552,20 @@ def test_a_baseline_jpeg_frame_that_lost_data_but_kept_its_end_marker_is_refused
         ds, _ = _baseline_jpeg_frame(keep)
         with pytest.raises(DicomError, match=r"the JPEG data is truncated or corrupt \(libjpeg-turbo: .*premature"):
             parse(to_bytes(ds)).decode_frame(0)
+
+
+@pytest.mark.parametrize("syntax", [JPEGLSLossless, pydicom.uid.JPEG2000Lossless])
+def test_a_codestream_wider_than_bits_stored_is_refused_not_passed_on_unmasked(syntax):
+    """Held-out review: a 16-bit stream under Bits Stored 12 decoded to 65,024 (native data is masked to 3,584)."""
+    plugin = "pyjpegls" if syntax == JPEGLSLossless else "pylibjpeg"
+    wide = ((np.arange(64 * 64, dtype=np.uint32) * 16) % 65536).astype(np.uint16).reshape(64, 64)
+    ds = make_dataset(pixels=wide, bits_stored=16)
+    ds.compress(syntax, encoding_plugin=plugin)
+    ds.BitsStored, ds.HighBit = 12, 11
+    with pytest.raises(DicomError, match=r"decodes to values 0 \.\. 65520, outside the 0 \.\. 4095 that \(0028,0101\)"):
+        parse(to_bytes(ds)).decode_frame(0)
+    fits = (np.arange(64 * 64, dtype=np.uint16) % 4096).reshape(64, 64)  # a 16-bit stream whose values fit: fine
+    ds = make_dataset(pixels=fits, bits_stored=16)
+    ds.compress(syntax, encoding_plugin=plugin)
+    ds.BitsStored, ds.HighBit = 12, 11
+    np.testing.assert_array_equal(parse(to_bytes(ds)).decode_frame(0), fits)

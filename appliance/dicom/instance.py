@@ -35,6 +35,11 @@ class DicomLimits:
     max_decoded_bytes: int = 1 << 30  # all frames, all samples, at the decoded item size
     max_inflated_bytes: int = 256 << 20  # a deflated dataset, inflated (counted in chunks, never held)
     max_items: int = 100_000  # sequence items (and pixel fragments) in the dataset: a parse-time bomb bound
+    # Compressed pixel data may decode to at most this many times its encoded size, once it decodes to more than
+    # decode_ratio_floor_bytes: a few KB of constant 4096 x 4096 JPEG 2000 frames decode to 1 GiB within every
+    # other limit and hold a worker for 17 s (docs/robustness.md).
+    max_decode_ratio: int = 1000
+    decode_ratio_floor_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True, repr=False, eq=False)

@@ -22,9 +22,9 @@ from appliance.dicom.instance import DicomLimits
 from appliance.dicom.syntaxes import defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError, LimitExceeded
 
-__all__ = ["PIXEL_KEYWORDS", "PixelModule", "check_limits", "decode_options", "encapsulated_pixels",
-           "modality_lut_table", "native_pixels", "per_frame", "pixel_module", "pixel_spacing", "rescale_for",
-           "window_for"]
+__all__ = ["PIXEL_KEYWORDS", "PixelModule", "check_decode_ratio", "check_limits", "decode_options",
+           "encapsulated_pixels", "modality_lut_table", "native_pixels", "per_frame", "pixel_module", "pixel_spacing",
+           "rescale_for", "window_for"]
 
 PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 _PHOTOMETRIC_SAMPLES = {
@@ -160,6 +160,21 @@ def check_limits(pm: PixelModule, limits: DicomLimits) -> None:
             f"{pm.rows} x {pm.columns} x {pm.samples} x {pm.bytes_per_sample} bytes), over the limit "
             f"max_decoded_bytes={limits.max_decoded_bytes}",
             field="dicom.PixelData",
+        )
+
+
+def check_decode_ratio(pm: PixelModule, encoded_bytes: int, limits: DicomLimits) -> None:
+    """Raise LimitExceeded when compressed pixel data would decode to too many times its own size.
+
+    Only past ``limits.decode_ratio_floor_bytes`` decoded: a single blank frame compresses thousands to one.
+    """
+    decoded = pm.rows * pm.columns * pm.samples * pm.bytes_per_sample * pm.frames
+    if decoded > limits.decode_ratio_floor_bytes and decoded > limits.max_decode_ratio * encoded_bytes:
+        raise LimitExceeded(
+            f"{tag_name(pm.keyword)} holds {encoded_bytes} encoded bytes that would decode to {decoded} bytes "
+            f"({decoded / max(encoded_bytes, 1):.0f} times as many), over the limit max_decode_ratio="
+            f"{limits.max_decode_ratio} (config key dicom.max_decode_ratio)",
+            field=f"dicom.{pm.keyword}",
         )
 
 

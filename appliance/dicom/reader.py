@@ -39,6 +39,7 @@ from pydicom.filereader import _read_file_meta_info, read_preamble
 from appliance.dicom.instance import DicomInstance, DicomLimits
 from appliance.dicom.pixels import (
     PIXEL_KEYWORDS,
+    check_decode_ratio,
     check_limits,
     decode_options,
     encapsulated_pixels,
@@ -242,6 +243,7 @@ def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
         raise DicomError(f"{tag_name(keyword)} has no readable value", field=f"dicom.{keyword}")
     raw_pixels = bytes(raw_pixels) if isinstance(raw_pixels, bytearray) else raw_pixels
     if _uid.UID(ts).is_encapsulated:
+        check_decode_ratio(pm, len(raw_pixels), limits)
         pixels: bytes | memoryview = encapsulated_pixels(ds, raw_pixels, pm, ts)
     else:
         pixels = native_pixels(raw_pixels, pm)

@@ -91,6 +91,7 @@ class App:
             max_decoded_bytes=config.dicom.max_decoded_bytes,
             max_inflated_bytes=config.dicom.max_inflated_bytes,
             max_items=config.dicom.max_items,
+            max_decode_ratio=config.dicom.max_decode_ratio,
         )
         self.postprocess = Postprocessor(self.manifest)
         # engine + slot arena + batcher (the engine is loaded on its own thread in start())

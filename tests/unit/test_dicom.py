@@ -569,3 +569,19 @@ def test_a_codestream_wider_than_bits_stored_is_refused_not_passed_on_unmasked(s
     ds.compress(syntax, encoding_plugin=plugin)
     ds.BitsStored, ds.HighBit = 12, 11
     np.testing.assert_array_equal(parse(to_bytes(ds)).decode_frame(0), fits)
+
+
+def test_compressed_pixels_that_decode_to_too_many_times_their_size_are_refused_before_decoding():
+    """Held-out review: 17 KB of constant 4096 x 4096 J2K frames decoded to 1 GiB, holding a worker for 17 s."""
+    ds = make_dataset(pixels=np.full((8, 256, 256), 7, np.uint16), frames=8, NumberOfFrames=8)
+    ds.compress(JPEGLSLossless, encoding_plugin="pyjpegls")
+    data = to_bytes(ds)
+    encoded = len(ds.PixelData)
+    decoded = 8 * 256 * 256 * 2
+    assert decoded > 50 * encoded  # constant frames compress far beyond any real image
+    assert parse(data).decode_frame(7).max() == 7  # under the floor: a few blank frames are fine
+    tight = DicomLimits(max_decode_ratio=50, decode_ratio_floor_bytes=decoded // 2)
+    with pytest.raises(LimitExceeded, match=r"would decode to 1048576 bytes .* over the limit max_decode_ratio=50 "
+                                            r"\(config key dicom.max_decode_ratio\)"):
+        parse(data, tight)
+    assert parse(data, DicomLimits(max_decode_ratio=decoded // encoded + 1, decode_ratio_floor_bytes=0))

@@ -330,10 +330,14 @@ def _functional_item(ds: Dataset, index: int, sequence: str) -> Dataset | None:
 
 
 def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
-    """Return (slope, intercept) for frame ``index``: top level, else its functional group, else (1, 0)."""
-    src: Dataset | None = ds if "RescaleSlope" in ds or "RescaleIntercept" in ds else None
-    if src is None:
-        src = _functional_item(ds, index, "PixelValueTransformationSequence")
+    """Return (slope, intercept) for frame ``index``: its functional group, else top level, else (1, 0).
+
+    An enhanced multi-frame object carries them per frame (or shared); a top-level copy next to them is a leftover
+    that the standard does not allow there, and it would give every frame the same values.
+    """
+    src = _functional_item(ds, index, "PixelValueTransformationSequence")
+    if src is None and ("RescaleSlope" in ds or "RescaleIntercept" in ds):
+        src = ds
     if src is None:
         return 1.0, 0.0
     slope = _float_or_none(src.get("RescaleSlope", 1.0))
@@ -348,8 +352,10 @@ def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
 
 
 def window_for(ds: Dataset, index: int) -> tuple[float, float] | None:
-    """Return the first usable (center, width) VOI window for frame ``index``, or None."""
-    src: Dataset | None = ds if "WindowWidth" in ds else _functional_item(ds, index, "FrameVOILUTSequence")
+    """Return the first usable (center, width) VOI window for frame ``index`` (its functional group first), or None."""
+    src = _functional_item(ds, index, "FrameVOILUTSequence")
+    if src is None and "WindowWidth" in ds:
+        src = ds
     if src is None:
         return None
     center = _float_or_none(src.get("WindowCenter"))

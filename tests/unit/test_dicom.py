@@ -428,6 +428,20 @@ def test_header_values_per_frame_and_voi_rules():
     assert (inst.rescale(0), inst.rescale(1)) == ((1.0, -1024.0), (1.0, -1000.0))
     assert inst.pixel_spacing == (0.5, 0.75)
     assert inst.voi_window(0) is None
+    # a top-level copy beside the functional groups (not allowed there) does not override the per-frame values
+    # (held-out review: frame 0's model input was off by the difference)
+    ds.RescaleSlope, ds.RescaleIntercept = 1, 0
+    ds.WindowCenter, ds.WindowWidth = 40, 400
+    voi, window = Dataset(), Dataset()
+    window.WindowCenter, window.WindowWidth = -600, 1500
+    voi.FrameVOILUTSequence = [window]
+    for item in ds.PerFrameFunctionalGroupsSequence:
+        item.FrameVOILUTSequence = voi.FrameVOILUTSequence
+    inst = parse(to_bytes(ds))
+    assert (inst.rescale(0), inst.rescale(1)) == ((1.0, -1024.0), (1.0, -1000.0))
+    assert inst.voi_window(1) == (-600.0, 1500.0)
+    del ds.PerFrameFunctionalGroupsSequence
+    assert parse(to_bytes(ds)).rescale(1) == (1.0, 0.0)  # without them, the top level is used
 
     usable = parse(to_bytes(make_dataset(WindowCenter=[-600, 40], WindowWidth=[1500, 400])))
     assert usable.voi_window(0) == (-600.0, 1500.0)

@@ -242,7 +242,8 @@ class App:
             stream_window=max(self.batcher.batch_size, self.config.batcher.queue_capacity // 2),
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, server)
-        oip.add_to_server(server, self.path)  # the Open Inference Protocol: the same request path
+        # the Open Inference Protocol: the same request path
+        oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
             names = (

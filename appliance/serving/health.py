@@ -1,7 +1,8 @@
 """One service state that feeds gRPC health, sd_notify and GetStatus.
 
 =============  ======  =========================  ====================  ===========================
-state          ""      appliance.v1.Inference     appliance.thermal     sd_notify
+state          ""      appliance.v1.Inference,    appliance.thermal     sd_notify
+                       inference.GRPCInferenceService
 =============  ======  =========================  ====================  ===========================
 STARTING       NOT     NOT                        NOT                   STATUS=loading
 SERVING        SERV    SERV                       SERV unless blind/..  READY=1, STATUS=serving
@@ -26,11 +27,13 @@ from grpc_health.v1.health import aio as health_aio
 from appliance.serving.notify import Notifier
 from appliance.thermal.control import HealthAction
 
-__all__ = ["INFERENCE_SERVICE", "THERMAL_SERVICE", "HealthState", "ServiceState"]
+__all__ = ["INFERENCE_SERVICE", "INFERENCE_SERVICES", "OIP_SERVICE", "THERMAL_SERVICE", "HealthState", "ServiceState"]
 
 log = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = "appliance.v1.Inference"
+OIP_SERVICE = "inference.GRPCInferenceService"  # the Open Inference Protocol: the same request path, the same state
+INFERENCE_SERVICES = (INFERENCE_SERVICE, OIP_SERVICE)
 THERMAL_SERVICE = "appliance.thermal"
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -59,15 +62,15 @@ class HealthState:
 
     async def init(self) -> None:
         """Set every name NOT_SERVING before the server starts (the reference servicer starts "" SERVING)."""
-        for name in ("", INFERENCE_SERVICE, THERMAL_SERVICE):
+        for name in ("", *INFERENCE_SERVICES, THERMAL_SERVICE):
             await self.servicer.set(name, _NOT_SERVING)
         self.notifier.status("loading model")
 
     async def set_serving(self) -> None:
         """Warm-up done: SERVING, and READY=1 exactly once."""
         self.state, self.reason = ServiceState.SERVING, "serving"
-        await self.servicer.set("", _SERVING)
-        await self.servicer.set(INFERENCE_SERVICE, _SERVING)
+        for name in ("", *INFERENCE_SERVICES):
+            await self.servicer.set(name, _SERVING)
         await self.servicer.set(THERMAL_SERVICE, _SERVING if self._thermal_ok else _NOT_SERVING)
         if not self._ready_sent:
             self._ready_sent = True
@@ -81,8 +84,8 @@ class HealthState:
         if self.state != ServiceState.NOT_SERVING or reason != self.reason:
             log.warning("service NOT_SERVING: %s", reason)
         self.state, self.reason = ServiceState.NOT_SERVING, reason
-        await self.servicer.set("", _NOT_SERVING)
-        await self.servicer.set(INFERENCE_SERVICE, _NOT_SERVING)
+        for name in ("", *INFERENCE_SERVICES):
+            await self.servicer.set(name, _NOT_SERVING)
         self.notifier.status(f"not serving: {reason}")
 
     async def set_thermal(self, ok: bool) -> None:

@@ -34,7 +34,8 @@ from grpc_status import rpc_status
 
 from appliance import __version__
 from appliance.batching.work import Priority
-from appliance.errors import ApplianceError, InputError
+from appliance.errors import ApplianceError, InputError, LimitExceeded
+from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
 from appliance.serving.server import error_status
@@ -106,8 +107,11 @@ def _duration(pair: tuple[int, int]) -> oip.StatisticDuration:
 class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` (the subset in the module docstring) over an Analyzer."""
 
-    def __init__(self, analyzer: Analyzer) -> None:
+    def __init__(self, analyzer: Analyzer, *, max_files: int = 64) -> None:
         self.analyzer = analyzer
+        # DICOM files one ModelInfer may carry: every one needs a place in the queue for a preprocessing worker
+        # (config key batcher.queue_capacity), so a request with more could never be served whole
+        self.max_files = max_files
         self._stats = {self.tensor_view: _Stats(), self.dicom_view: _Stats()}
         self._next_id = 0
 
@@ -227,6 +231,10 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         self._next_id += 1
         request_id = request.id or f"oip-{self._next_id}"
         try:
+            try:  # the client's id, once, before any work (the DICOM view's per-file ids are internal)
+                validate_request_id(request.id)
+            except InputError as e:
+                raise InputError(f"id: {e}", field="id") from None
             priority, time_remaining = self._schedule(request, context)
             _refuse_extensions(request)  # before computing anything
             wanted = self._wanted(request, view, self._output_names(view))
@@ -298,6 +306,11 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             time_remaining=time_remaining,
             source=source,
         )
+        for row, outputs in enumerate(rows):  # finite inputs far outside the model's range can overflow it
+            if not all(np.isfinite(value).all() for value in outputs.values()):
+                raise InputError(f"row {row}: the model's outputs are not finite for this input (largest magnitude "
+                                 f"{float(np.abs(array[row]).max()):g}); send inputs in the range the model's "
+                                 "pipeline produces", field=tensor.name)
         stats.compute_infer = _Stats.add(stats.compute_infer, time.perf_counter() - t_in)
         stats.inference_count += n
         names = self._output_names(self.tensor_view)
@@ -315,6 +328,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         tensor, raw = self._single_input(request, "dicom")
         if tensor.datatype != "BYTES":
             raise InputError(f"input 'dicom' must be BYTES, got {tensor.datatype}", field="dicom")
+        if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
+            raise LimitExceeded(f"input 'dicom' holds {tensor.shape[0]} files; at most {self.max_files} per request "
+                                "(config key batcher.queue_capacity): send them in several requests", field="dicom")
         files = deserialize_bytes(raw, "dicom") if raw is not None else list(tensor.contents.bytes_contents)
         if len(tensor.shape) != 1 or tensor.shape[0] != len(files) or not files:
             raise InputError(
@@ -328,8 +344,11 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 raise InputError("parameter 'pipeline' must be a string", field="parameters.pipeline")
             pipeline = request.parameters["pipeline"].string_param
         async def one(i: int, data: bytes) -> Analysis:
+            file_id = f"{request_id}/{i}"
+            if len(file_id) > MAX_REQUEST_ID:  # a long client id: every file logs under it alone
+                file_id = request_id
             try:
-                return await self.analyzer.analyze(data, request_id=f"{request_id}/{i}", pipeline=pipeline,
+                return await self.analyzer.analyze(data, request_id=file_id, pipeline=pipeline,
                                                    priority=priority, time_remaining=time_remaining, source=source)
             except ApplianceError as e:
                 if len(files) > 1:  # say which element of the batch it was
@@ -488,8 +507,8 @@ def _refuse_extensions(request: oip.ModelInferRequest) -> None:
                              "the classification extension; request the tensor itself", field="outputs")
 
 
-def add_to_server(server: grpc.aio.Server, analyzer: Analyzer) -> OipServicer:
+def add_to_server(server: grpc.aio.Server, analyzer: Analyzer, *, max_files: int = 64) -> OipServicer:
     """Register ``inference.GRPCInferenceService`` over ``analyzer`` on a grpc.aio server; return the servicer."""
-    servicer = OipServicer(analyzer)
+    servicer = OipServicer(analyzer, max_files=max_files)
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return servicer

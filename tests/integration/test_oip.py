@@ -11,7 +11,7 @@ import pydicom
 import pytest
 
 from appliance.batching.work import Priority
-from appliance.errors import Overloaded, Unavailable
+from appliance.errors import InputError, Overloaded, Unavailable
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
 from appliance.serving.oip import deserialize_bytes, serialize_bytes
@@ -314,3 +314,60 @@ def test_statistics_count_requests(stub) -> None:
 def test_bytes_codec_round_trip() -> None:
     items = [b"", b"a", bytes(range(256)) * 3]
     assert deserialize_bytes(serialize_bytes(items)) == items
+
+
+def test_a_dicom_request_with_more_files_than_the_queue_holds_is_refused_before_any_work(stub, served) -> None:
+    """Held-out review: 150,000 empty elements (600 KB) started one analysis each and stalled the server 20 s."""
+    before = len(served.analyzer.calls)
+    request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id="many")
+    request.inputs.add(name="dicom", datatype="BYTES", shape=[150_000])
+    request.raw_input_contents.append(serialize_bytes([b""] * 150_000))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "150000 files; at most 64 per request (config key batcher.queue_capacity)" in e.value.details()
+    assert len(served.analyzer.calls) == before  # nothing was started
+
+
+def test_the_client_id_is_checked_once_and_per_file_ids_never_exceed_it(stub, served) -> None:
+    """Held-out review: a 64-character id was refused on the DICOM view as 66 characters (the /<i> suffix)."""
+    files = [synthetic.to_dicom(synthetic.generate_slice(seed, nodule=False, size=256)) for seed in (30, 31)]
+    request = dicom_request(files)
+    request.id = "k" * 64
+    before = len(served.analyzer.calls)
+    response = stub.ModelInfer(request, timeout=20)
+    assert response.id == "k" * 64
+    assert [c.request_id for c in served.analyzer.calls[before:]] == ["k" * 64] * 2
+    request.id = "k" * 65
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=20)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith("id: request_id is 65")
+    assert len(served.analyzer.calls) == before + 2  # refused before any file was looked at
+
+
+def test_the_health_name_of_the_open_inference_protocol_is_its_service_name() -> None:
+    from appliance.serving import oip as oip_module
+    from appliance.serving.health import OIP_SERVICE
+
+    assert OIP_SERVICE == oip_module.SERVICE_NAME
+
+
+def test_an_input_that_overflows_the_model_is_an_error_not_nan_with_ok(served) -> None:
+    """Held-out review: one pixel at 3e38 (finite) gave prob = NaN with status OK."""
+    import asyncio
+
+    from appliance.serving.oip import OipServicer, _Stats
+
+    class Overflowing:  # the served analyzer, but its model overflows on this input like the real one did
+        model = served.analyzer.model
+
+        async def infer(self, inputs: np.ndarray, **_: object) -> list[dict[str, np.ndarray]]:
+            return [{name: np.full(shape, np.nan, np.float32) for name, shape in self.model.outputs} for _ in inputs]
+
+    x = np.zeros((1, 1, 256, 256), dtype=np.float32)
+    x[0, 0, 0, 0] = 3e38
+    servicer = OipServicer(Overflowing())  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"row 0: the model's outputs are not finite for this input \(largest "
+                                         r"magnitude 3e\+38\)") as e:
+        asyncio.run(servicer._infer_tensor(tensor_request(x), "t-1", Priority.BATCH, None, _Stats(), "test"))
+    assert e.value.field == "image"

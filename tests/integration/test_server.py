@@ -51,7 +51,8 @@ def test_ready_after_warmup_and_serving(running) -> None:
     assert "READY=1" in notifier.messages
     with grpc.insecure_channel(running.target) as ch:
         health = health_pb2_grpc.HealthStub(ch)
-        for name in ("", "appliance.v1.Inference", "appliance.thermal"):
+        # the Open Inference Protocol's service too: grpc_health_probe -service=inference.GRPCInferenceService
+        for name in ("", "appliance.v1.Inference", "inference.GRPCInferenceService", "appliance.thermal"):
             r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert r.status == health_pb2.HealthCheckResponse.SERVING, name
 
@@ -335,7 +336,7 @@ def test_not_serving_until_warm(models_dir, slice_bytes) -> None:
         with grpc.insecure_channel(target) as ch:
             grpc.channel_ready_future(ch).result(timeout=10)
             health = health_pb2_grpc.HealthStub(ch)
-            for name in ("", "appliance.v1.Inference"):
+            for name in ("", "appliance.v1.Inference", "inference.GRPCInferenceService"):
                 r = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
                 assert r.status == health_pb2.HealthCheckResponse.NOT_SERVING
             with pytest.raises(grpc.RpcError) as e:

@@ -33,6 +33,7 @@ from appliance.errors import (
     ApplianceError,
     DeadlineExceeded,
     DicomError,
+    EngineError,
     InputError,
     NotApplicable,
     Overloaded,
@@ -232,7 +233,9 @@ class FakeAnalyzer:
                 t_launch = time.perf_counter()
                 try:
                     outputs, engine_s = await loop.run_in_executor(self._engine_thread, self._run_engine, batch)
-                except ApplianceError as e:
+                except Exception as e:  # noqa: BLE001 - as the batcher: an engine bug fails this batch, not the loop
+                    if not isinstance(e, ApplianceError):
+                        e = EngineError(f"engine failed: {type(e).__name__}: {e}")
                     for row in take:
                         if not row.future.done():
                             row.future.set_exception(e)

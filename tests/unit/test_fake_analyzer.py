@@ -94,3 +94,29 @@ def test_analyze_and_its_errors(models_dir: Path) -> None:
     with pytest.raises(Unavailable):
         asyncio.run(a.analyze(b"nope"))
     a.close()
+
+
+def test_an_engine_bug_fails_its_batch_and_the_next_request_still_runs(models_dir: Path) -> None:
+    """As the batcher does: before, a non-appliance error killed the fake's loop and the request hung."""
+    from appliance.errors import EngineError
+
+    a = analyzer(models_dir)
+    real_run = a.engine.run
+    calls = {"n": 0}
+
+    def flaky(batch: np.ndarray) -> dict[str, np.ndarray]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise FloatingPointError("overflow in the kernel")
+        return real_run(batch)
+
+    a.engine.run = flaky  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        with pytest.raises(EngineError, match="engine failed: FloatingPointError: overflow in the kernel"):
+            await asyncio.wait_for(a.infer(np.zeros((1, 1, 256, 256), np.float32)), 10)
+        rows = await asyncio.wait_for(a.infer(np.full((1, 1, 256, 256), 0.5, np.float32)), 10)
+        assert rows[0]["prob"][0] == pytest.approx(0.5)
+
+    asyncio.run(scenario())
+    a.close()

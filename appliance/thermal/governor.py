@@ -156,7 +156,10 @@ class Governor:
         if temp is not None:
             used = self._duty if busy is None else busy
             normal = self._state in (GovernorState.COOL, GovernorState.REGULATING, GovernorState.THROTTLING)
-            self._check = self._frozen.check(now_s, temp, power, used, normal, self._full_w(), jumped=why == "jump")
+            paused = self._state is GovernorState.EMERGENCY or (
+                self._state is GovernorState.THROTTLING and self._duty <= c.min_duty + 1e-9)
+            self._check = self._frozen.check(now_s, temp, power, used, normal, self._full_w(), jumped=why == "jump",
+                                             paused=paused)
             if not self._check.ok:
                 self._blind_reason = self._check.reason
                 temp, why = None, "stuck"

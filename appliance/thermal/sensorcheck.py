@@ -45,6 +45,11 @@ live one at equilibrium give the governor exactly the same samples. So the detec
    keeps the duty where it was, even below the switch-on temperature) and a probe starts after
    ``climb_probe_after_s``.
 
+7. **A pause is a probe.** While dispatch is paused (EMERGENCY) or held at its minimum duty, a live die falls
+   as the power does; a reading that shows none of the die node's expected fall (``probe_expect_c``) since it
+   last changed is stuck. Without this a reading frozen above the emergency threshold paused dispatch for as
+   long as it stayed frozen (the blind duty is safe and serves).
+
 A false positive costs throughput (the commissioned blind duty until the reading moves and
 ``recover_samples`` good samples pass), never safety.
 """
@@ -243,8 +248,30 @@ class FrozenDetector:
         return (min(max(2.0 * typical, s.min_hold_s), s.frozen_hold_s),
                 min(max(3.0 * typical * self._backoff, floor), s.probe_after_s))
 
+    def _judged_fall(self, now: float, expect: float, paused: bool) -> float:
+        """The fall the model expects that a probe (or a pause) judges the reading on, °C (<= 0; 0 when none)."""
+        s = self.s
+        assert self._model is not None
+        # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
+        # and a slowly warming heatsink or room can hold a live die still while the power eases off.
+        # a probe is judged on its own effect: the fall the model expects since the probe began
+        probe_fall = self._die_c(self._model - self._probe_ref) if self._probe_t is not None else 0.0
+        # and, with the heatsink modelled, on the whole fall since the reading last changed: a reading frozen above
+        # the target sees the PI wind the power down for minutes before the probe, which a probe-only reference
+        # misses; the slow node accounts for a warming heatsink that could hold a live die still meanwhile
+        # (only once the reading has been still for a heatsink time constant: right after a climb from idle the
+        # real heatsink lags the one-node model, whose fan-on time constant is shorter than the warm-up's, and the
+        # model's "fall" is heat the heatsink is still taking up; rand23-7 went BLIND falsely in every column)
+        if self._probe_t is not None and s.sink_rise_c > 0.0 and now - self._changed_t >= s.sink_tau_s:
+            total_fall = self._total_change_c()
+            if total_fall <= -2.0 * s.probe_expect_c:
+                probe_fall = min(probe_fall, total_fall)
+        if paused:  # dispatch stopped or at its floor: a probe as deep as it gets, judged on the die node's fall
+            probe_fall = min(probe_fall, expect)
+        return probe_fall
+
     def check(self, now: float, temp: float, power: float, busy: float, can_probe: bool,
-              full_w: float | None = None, *, jumped: bool = False) -> FrozenCheck:
+              full_w: float | None = None, *, jumped: bool = False, paused: bool = False) -> FrozenCheck:
         """Judge one plausible sample.
 
         Args:
@@ -256,6 +283,8 @@ class FrozenDetector:
             full_w: Watts of a full duty above idle as the governor has learned them (default: the settings'
                 ``p_max_w``); the rises are per full power.
             jumped: The reading was accepted only after a rejected jump (see the module docstring, point 6).
+            paused: Dispatch is paused or held at its minimum (EMERGENCY, or the duty at its floor): the die must
+                fall, so a fall the model expects is judged like a probe's (module docstring, point 7).
         """
         s = self.s
         self._advance(now, power, full_w)
@@ -276,26 +305,15 @@ class FrozenDetector:
                 return FrozenCheck(True, may_raise=False, suspect=True)
             return FrozenCheck(True)
         expect = self._die_c(self._model - self._model_ref)
-        # Only a rise is judged outside a probe: a frozen reading while the power falls is the safe direction,
-        # and a slowly warming heatsink or room can hold a live die still while the power eases off.
-        # a probe is judged on its own effect: the fall the model expects since the probe began
-        probe_fall = self._die_c(self._model - self._probe_ref) if self._probe_t is not None else 0.0
-        # and, with the heatsink modelled, on the whole fall since the reading last changed: a reading frozen above
-        # the target sees the PI wind the power down for minutes before the probe, which a probe-only reference
-        # misses; the slow node accounts for a warming heatsink that could hold a live die still meanwhile
-        # (only once the reading has been still for a heatsink time constant: right after a climb from idle the
-        # real heatsink lags the one-node model, whose fan-on time constant is shorter than the warm-up's, and the
-        # model's "fall" is heat the heatsink is still taking up; rand23-7 went BLIND falsely in every column)
-        if self._probe_t is not None and s.sink_rise_c > 0.0 and now - self._changed_t >= s.sink_tau_s:
-            total_fall = self._total_change_c()
-            if total_fall <= -2.0 * s.probe_expect_c:
-                probe_fall = min(probe_fall, total_fall)
+        probe_fall = self._judged_fall(now, expect, paused)
         if expect >= s.stuck_expect_c or probe_fall <= -s.probe_expect_c:
             if self._expect_since is None:
                 self._expect_since = now
             if now - self._expect_since >= s.sensor_delay_s:
-                why = "probe changed nothing" if self._probe_t is not None else "power rose, reading did not"
-                shown = probe_fall if self._probe_t is not None else expect
+                judged_fall = self._probe_t is not None or paused and probe_fall <= -s.probe_expect_c
+                why = ("probe changed nothing" if self._probe_t is not None
+                       else "dispatch paused, reading did not fall" if judged_fall else "power rose, reading did not")
+                shown = probe_fall if judged_fall else expect
                 self._stuck_value = temp
                 self._probe_t = None
                 return FrozenCheck(False, f"stuck: {why} ({shown:+.1f} °C expected)")

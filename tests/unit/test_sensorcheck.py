@@ -177,3 +177,17 @@ def test_a_real_jump_down_is_trusted_as_soon_as_the_reading_moves() -> None:
     for t in range(120, 130):  # the die really cooled during an outage: reads 48, 48, ... then keeps falling
         gov.update(float(t), 48.0 if t < 127 else 47.0, 40.0, 0.8)
     assert gov.last_decision.reason == "cool" and gov.last_decision.duty == 1.0
+
+
+@pytest.mark.parametrize("value", [76.0, 80.0])
+def test_a_reading_frozen_above_the_target_does_not_stop_the_service(value: float) -> None:
+    """Held-out review: frozen at 80 °C, dispatch was paused (EMERGENCY) for as long as the reading stayed frozen."""
+    prof, onset = _warming_room(value)
+    prof.faults = [Fault("stuck", onset, onset + 1800, value=value)]
+    res = run_profile(prof, PRESETS["5090"], SensorParams(1.0, "floor", 0.25), ThermalConfig(blind_duty=0.45), seed=1)
+    assert res.seconds_above == 0.0 and res.max_die_c < 75.0
+    window = range(onset, onset + 1800)
+    stuck = next(i for i in window if res.reason[i].startswith("stuck"))
+    assert stuck - onset <= 60
+    assert sum(res.state[i] is GovernorState.EMERGENCY for i in window) <= 30
+    assert min(res.duty[i] for i in range(stuck + 1, onset + 1800)) > 0.0  # the blind duty serves

@@ -88,6 +88,13 @@ def check_backends() -> list[Check]:
     if missing:
         detail += "; missing: " + "; ".join(f"{i.get('name', uid)}: {i.get('missing')}" for uid, i in missing.items())
     checks.append(Check("dicom decoders", not missing, detail, {"decoders": decoders}))
+    try:  # refuses 8-bit JPEG frames that lost data (appliance/dicom/jpegcheck.py): without it they cannot decode
+        import simplejpeg
+
+        checks.append(Check("strict JPEG check", True, f"simplejpeg {simplejpeg.__version__}"))
+    except ImportError as e:
+        checks.append(Check("strict JPEG check", False, f"simplejpeg is not installed ({e}): 8-bit JPEG frames "
+                            "cannot be decoded; pip install 'simplejpeg>=1.8'"))
     return checks
 
 

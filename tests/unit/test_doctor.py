@@ -56,3 +56,15 @@ def test_doctor_thermal_without_gpu_fails_with_reason(capsys, argv) -> None:
     assert cli_main([*argv, "--json"]) == 1
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
     assert "needs an NVIDIA GPU" in checks["thermal commissioning"]["detail"]
+
+
+def test_doctor_reports_the_strict_jpeg_check_and_names_the_package_when_missing(monkeypatch) -> None:
+    import sys
+
+    from appliance.tools.doctor import check_backends
+
+    present = {c.name: c for c in check_backends()}["strict JPEG check"]
+    assert present.ok and present.detail.startswith("simplejpeg ")
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import fails as if not installed
+    missing = {c.name: c for c in check_backends()}["strict JPEG check"]
+    assert not missing.ok and "pip install 'simplejpeg>=1.8'" in missing.detail

@@ -20,7 +20,6 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from appliance import dicom, privacy
 from appliance.batching.batcher import Batcher, Pacer
@@ -246,13 +245,8 @@ class App:
         oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
-            names = (
-                pb.DESCRIPTOR.services_by_name["Inference"].full_name,
-                oip.SERVICE_NAME,
-                "grpc.health.v1.Health",
-                reflection.SERVICE_NAME,
-            )
-            reflection.enable_server_reflection(names, server)
+            names = (pb.DESCRIPTOR.services_by_name["Inference"].full_name, oip.SERVICE_NAME, "grpc.health.v1.Health")
+            listen.enable_reflection(server, names)  # v1alpha and v1
         # docs/security.md: socket directories checked, sockets 0660, TLS/mTLS with certificate reload;
         # metrics bound here too, so every bind failure is a ConfigError before READY=1.
         self.addresses.extend(listen.bind_listeners(server, self.config))

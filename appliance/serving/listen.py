@@ -27,7 +27,7 @@ import ssl
 import stat
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,8 @@ __all__ = [
     "bind_listeners",
     "parse_address",
     "prepare_socket_dir",
+    "REFLECTION_V1",
+    "enable_reflection",
     "reflection_enabled",
     "runtime_dir",
     "socket_path",
@@ -187,6 +189,32 @@ def _validate_tls(cfg: Config, has_tls_listeners: bool) -> None:
 def reflection_enabled(cfg: Config) -> bool:
     """Reflection as configured; when unset, on without TLS listeners and off with them."""
     return cfg.server.reflection if cfg.server.reflection is not None else not cfg.tls.listen
+
+
+#: The stable reflection service; grpcio-reflection implements only its v1alpha twin.
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def enable_reflection(server: grpc.aio.Server, names: Sequence[str]) -> None:
+    """Serve reflection as ``grpc.reflection.v1alpha`` and as ``grpc.reflection.v1``.
+
+    v1 has the same messages, field for field, as v1alpha (only the package differs), so one servicer answers
+    both: a client that speaks only v1 (newer grpcurl and grpcui try it first) no longer gets UNIMPLEMENTED.
+    """
+    import grpc
+    from grpc_reflection.v1alpha import reflection, reflection_pb2
+    from grpc_reflection.v1alpha._async import ReflectionServicer
+
+    listed = [*names, reflection.SERVICE_NAME, REFLECTION_V1]
+    reflection.enable_server_reflection(listed, server)
+    servicer = ReflectionServicer(listed)  # a second one for v1: the same answers
+    v1 = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    handler = grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": v1})
+    server.add_generic_rpc_handlers((handler,))
 
 
 # ---- unix sockets -----------------------------------------------------------------------------------------

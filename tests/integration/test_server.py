@@ -209,6 +209,26 @@ def test_reflection_lists_services(running) -> None:
     assert {"appliance.v1.Inference", "grpc.health.v1.Health"} <= names
 
 
+def test_reflection_answers_a_client_that_speaks_only_v1(running) -> None:
+    """Review with independent clients: grpc.reflection.v1 was UNIMPLEMENTED (newer grpcurl and grpcui try it first).
+
+    v1's messages are v1alpha's, field for field: the v1alpha classes serialise a v1 exchange exactly.
+    """
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    with grpc.insecure_channel(running.target) as ch:
+        call = ch.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(file_containing_symbol="appliance.v1.Inference")]
+        listed, described = list(call(iter(requests), timeout=10))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"appliance.v1.Inference", "inference.GRPCInferenceService", "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert described.file_descriptor_response.file_descriptor_proto  # a client can build its stubs from it
+
+
 def test_unix_socket_serves(running, slice_bytes) -> None:
     unix = [a for a in running.app.addresses if a.startswith("unix:")]
     assert unix

@@ -87,6 +87,11 @@ class PixelModule:
         """Bytes of one decoded sample (1-bit data decodes to uint8)."""
         return max(1, self.bits_allocated // 8)  # 1-bit data decodes to uint8
 
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of every frame decoded: what the decode limits are checked against."""
+        return self.rows * self.columns * self.samples * self.bytes_per_sample * self.frames
+
 
 def pixel_module(ds: Dataset, keyword: str) -> PixelModule:
     """Read and cross-check the image pixel module; each rejection names its tag."""
@@ -153,7 +158,7 @@ def check_limits(pm: PixelModule, limits: DicomLimits) -> None:
             f"{tag_name('NumberOfFrames')} = {pm.frames}, over the limit max_frames={limits.max_frames}",
             field="dicom.NumberOfFrames",
         )
-    decoded = pixels * pm.samples * pm.bytes_per_sample * pm.frames
+    decoded = pm.decoded_bytes
     if decoded > limits.max_decoded_bytes:
         raise LimitExceeded(
             f"decoded pixel data would be {decoded} bytes ({pm.frames} frame(s) of "
@@ -168,7 +173,7 @@ def check_decode_ratio(pm: PixelModule, encoded_bytes: int, limits: DicomLimits)
 
     Only past ``limits.decode_ratio_floor_bytes`` decoded: a single blank frame compresses thousands to one.
     """
-    decoded = pm.rows * pm.columns * pm.samples * pm.bytes_per_sample * pm.frames
+    decoded = pm.decoded_bytes
     if decoded > limits.decode_ratio_floor_bytes and decoded > limits.max_decode_ratio * encoded_bytes:
         raise LimitExceeded(
             f"{tag_name(pm.keyword)} holds {encoded_bytes} encoded bytes that would decode to {decoded} bytes "

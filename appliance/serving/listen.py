@@ -205,16 +205,16 @@ def enable_reflection(server: grpc.aio.Server, names: Sequence[str]) -> None:
     from grpc_reflection.v1alpha import reflection, reflection_pb2
     from grpc_reflection.v1alpha._async import ReflectionServicer
 
-    listed = [*names, reflection.SERVICE_NAME, REFLECTION_V1]
-    reflection.enable_server_reflection(listed, server)
-    servicer = ReflectionServicer(listed)  # a second one for v1: the same answers
-    v1 = grpc.stream_stream_rpc_method_handler(
+    servicer = ReflectionServicer([*names, reflection.SERVICE_NAME, REFLECTION_V1])
+    method = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
-    handler = grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": v1})
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers(tuple(
+        grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": method})
+        for service in (reflection.SERVICE_NAME, REFLECTION_V1)
+    ))
 
 
 # ---- unix sockets -----------------------------------------------------------------------------------------

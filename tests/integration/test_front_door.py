@@ -234,7 +234,9 @@ def test_a_client_flooding_the_queue_leaves_room_for_another(tmp_path: Path) -> 
                 time.sleep(0.01)  # two bombs on the workers, four waiting: alone, the flooder may fill all 8
             valid = pool.submit(_analyze, other, VALID, "", 20.0)  # another client arrives
             deadline = time.monotonic() + 10
-            while app.app.pool.unadmitted() < 5 and time.monotonic() < deadline:
+            # until the other client's request is in the server (the 6 bombs and it): unadmitted() also counts a
+            # bomb being parsed, so it could pass 5 before that request arrived and the next bombs overtook it
+            while app.app.path.in_flight < 7 and time.monotonic() < deadline:
                 time.sleep(0.01)
             more = [pool.submit(_analyze, flooder, spin.data, "", 30.0) for _ in range(6)]  # now held to its share
             results = [b.result() for b in bombs + more]

@@ -175,3 +175,66 @@ def to_bytes(ds: Dataset, *, enforce: bool = True) -> bytes:
         ds.preamble = b"\x00" * 128  # still a Part 10 file, just with a file meta pydicom would refuse
     ds.save_as(buf, enforce_file_format=enforce)
     return buf.getvalue()
+
+
+#: Code length of each lossless JPEG difference category 0..16 (a valid prefix code: Kraft sum < 1).
+_LJPEG_CODE_LENGTHS = (2, 3, 3, 3, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+
+
+def encode_lossless_jpeg(
+    samples: np.ndarray, *, precision: int, predictor: int = 1, restart_rows: int = 0, point_transform: int = 0
+) -> bytes:
+    """Encode one grey frame as Huffman-coded lossless JPEG (SOF3), as ITU-T T.81 Annex H lays it out.
+
+    pydicom writes no lossless JPEG, so the tests make their own; each test that uses it also decodes the result
+    with the real decoder (pylibjpeg) and compares, so a mistake here fails loudly. ``samples`` are unsigned
+    ``precision``-bit values; with a point transform their low bits are dropped.
+    """
+    v = samples.astype(np.int64) >> point_transform
+    rows, columns = v.shape
+    codes, huffval, code, length = {}, [], 0, 1  # canonical codes, shortest first (T.81 C.2)
+    for category in sorted(range(17), key=lambda c: (_LJPEG_CODE_LENGTHS[c], c)):
+        while length < _LJPEG_CODE_LENGTHS[category]:
+            code, length = code << 1, length + 1
+        codes[category] = (code, length)
+        huffval.append(category)
+        code += 1
+    intervals = []
+    step = restart_rows or rows
+    for top in range(0, rows, step):
+        out = []
+        for r in range(top, min(top + step, rows)):
+            for c in range(columns):
+                if r == top:
+                    pred = (1 << (precision - point_transform - 1)) if c == 0 else v[r, c - 1]
+                elif c == 0:
+                    pred = v[r - 1, 0]
+                else:
+                    ra, rb, rc = v[r, c - 1], v[r - 1, c], v[r - 1, c - 1]
+                    pred = (ra, rb, rc, ra + rb - rc, ra + ((rb - rc) >> 1), rb + ((ra - rc) >> 1),
+                            (ra + rb) >> 1)[predictor - 1]
+                diff = int(v[r, c] - pred) & 0xFFFF
+                diff = diff - 0x10000 if diff >= 0x8000 else diff
+                category = abs(diff).bit_length()
+                code, length = codes[category]
+                out.append(format(code, f"0{length}b"))
+                if 0 < category < 16:
+                    out.append(format(diff if diff > 0 else diff - 1 + (1 << category), f"0{category}b"))
+        bits = "".join(out)
+        bits += "1" * (-len(bits) % 8)  # pad the interval to a byte with 1-bits
+        data = bytes(int(bits[i : i + 8], 2) for i in range(0, len(bits), 8))
+        intervals.append(data.replace(b"\xff", b"\xff\x00"))
+    counts = bytes(sum(1 for c in range(17) if _LJPEG_CODE_LENGTHS[c] == n) for n in range(1, 17))
+
+    def segment(marker: int, body: bytes) -> bytes:
+        return bytes([0xFF, marker]) + (len(body) + 2).to_bytes(2, "big") + body
+
+    head = b"\xff\xd8" + segment(0xC3, bytes([precision]) + rows.to_bytes(2, "big") + columns.to_bytes(2, "big")
+                                 + b"\x01\x01\x11\x00")
+    head += segment(0xC4, b"\x00" + counts + bytes(huffval))
+    if restart_rows:
+        head += segment(0xDD, (restart_rows * columns).to_bytes(2, "big"))
+    head += segment(0xDA, bytes([1, 1, 0x00, predictor, 0, point_transform]))
+    body = b"".join(data + (bytes([0xFF, 0xD0 + i % 8]) if i < len(intervals) - 1 else b"")
+                    for i, data in enumerate(intervals))
+    return head + body + b"\xff\xd9"

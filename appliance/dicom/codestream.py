@@ -137,11 +137,36 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool) -> None:
             if rows == 0 or cols == 0:
                 raise StreamError("the frame header defers its size (height or width 0): not accepted")
             _check_dims(rows, cols, samples, precision, g)
+            if marker == 0xC3:
+                _check_point_transform(frame, pos + 2 + length)
             return
         if marker == 0xDA:  # start of scan before any frame header
             break
         pos += 2 + length
     raise StreamError("no frame header (SOF) before the first scan: the codestream is malformed")
+
+
+def _check_point_transform(frame: bytes, pos: int) -> None:
+    """Refuse a lossless (SOF3) scan with a point transform: pylibjpeg-libjpeg decodes it to wrong values.
+
+    Found in session 14: with Pt = 1 a 12-bit slice decoded to about twice its values, with Pt >= 2 to the
+    maximum everywhere, without an error; libjpeg-turbo decodes the same streams exactly (docs/robustness.md).
+    """
+    n = len(frame)
+    while pos + 4 <= n and frame[pos] == 0xFF:
+        marker = frame[pos + 1]
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            pos += 1 if marker == 0xFF else 2
+            continue
+        (length,) = struct.unpack_from(">H", frame, pos + 2)
+        if marker == 0xDA:
+            components = frame[pos + 4] if pos + 4 < n else 0
+            end = pos + 5 + 2 * components + 2  # Ns, Ns x (Cs, Td/Ta), Ss, Se: then Ah/Al
+            if end < n and frame[end] & 0x0F:
+                raise StreamError(f"the lossless scan uses a point transform (Pt = {frame[end] & 0x0F}), which the "
+                                  "installed decoder (pylibjpeg-libjpeg) decodes to wrong values: not accepted")
+            return
+        pos += 2 + length
 
 
 def _j2k_codestream(frame: bytes) -> int:

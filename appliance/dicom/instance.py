@@ -17,7 +17,7 @@ from pydicom.pixels import get_decoder
 from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless
 
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, j2k_reversible_levels, stream_kind
-from appliance.dicom.jpegcheck import jpeg_data_lost
+from appliance.dicom.jpegcheck import jpeg_data_lost, lossless_data_lost
 from appliance.dicom.openjpeg import decode_j2k_grey, decode_j2k_lowpass
 from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
@@ -171,7 +171,16 @@ class DicomInstance:
             )
         if frame is not None:
             self._check_range(index, arr)
+            if stream_kind(self.transfer_syntax_uid) == "jpeg":
+                self._check_lossless(index, frame, arr)
         return arr, str(props.get("photometric_interpretation", self.photometric))
+
+    def _check_lossless(self, index: int, frame: bytes, arr: np.ndarray) -> None:
+        """Refuse a lossless JPEG frame whose decoded samples need more bits than its data holds (lost data)."""
+        lost = lossless_data_lost(frame, arr, self.bits_stored)
+        if lost is not None:
+            raise DicomError(f"{tag_name('PixelData')} frame {index} ({ts_label(self.transfer_syntax_uid)}): the "
+                             f"JPEG data is truncated or corrupt: {lost}", field="dicom.PixelData")
 
     def _check_range(self, index: int, arr: np.ndarray) -> None:
         """Refuse a decoded compressed frame whose values do not fit (0028,0101) Bits Stored and its sign.

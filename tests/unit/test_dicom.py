@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pydicom
 import pytest
-from dicom_testkit import SECRET, any_grey_pipeline, ct_pipeline, make_dataset, to_bytes
+from dicom_testkit import SECRET, any_grey_pipeline, ct_pipeline, encode_lossless_jpeg, make_dataset, to_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -28,6 +28,7 @@ from pydicom.uid import (
 )
 
 from appliance.dicom import DECODER_PLUGINS, NATIVE, DicomLimits, decoder_report, parse
+from appliance.dicom.jpegcheck import lossless_bits_needed, lossless_scan
 from appliance.dicom.syntaxes import plugin_status
 from appliance.errors import DicomError, InputError, LimitExceeded, NotApplicable, UnsupportedTransferSyntax
 
@@ -599,3 +600,71 @@ def test_compressed_pixels_that_decode_to_too_many_times_their_size_are_refused_
                                             r"\(config key dicom.max_decode_ratio\)"):
         parse(data, tight)
     assert parse(data, DicomLimits(max_decode_ratio=decoded // encoded + 1, decode_ratio_floor_bytes=0))
+
+
+def _lossless_slice(rows: int = 64, columns: int = 64) -> np.ndarray:
+    """A 12-bit CT-like slice: smooth rows with noise, so every predictor sees small and large differences."""
+    rng = np.random.default_rng(11)
+    return np.clip(np.cumsum(rng.integers(-60, 61, size=(rows, columns)), axis=1) + 2000, 0, 4095).astype(np.uint16)
+
+
+def _lossless_dataset(frame: bytes, pixels: np.ndarray, bits_stored: int) -> Dataset:
+    ds = make_dataset(pixels=pixels, bits_stored=bits_stored)
+    ds.PixelData = encapsulate([frame + b"\x00" * (len(frame) % 2)])
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.JPEGLossless
+    return ds
+
+
+@pytest.mark.parametrize("precision", [12, 16])
+@pytest.mark.parametrize(("predictor", "restart_rows"), [(1, 0), (2, 8), (4, 16), (5, 0), (6, 32), (7, 0)])
+def test_lossless_jpeg_frames_of_every_predictor_decode_exactly_and_pass_the_bit_count(precision, predictor,
+                                                                                       restart_rows):
+    """No false refusals: an honest frame's samples need exactly its bits, less the padding of each interval."""
+    from libjpeg import decode
+
+    pixels = _lossless_slice()
+    frame = encode_lossless_jpeg(pixels, precision=precision, predictor=predictor, restart_rows=restart_rows)
+    assert np.array_equal(decode(frame), pixels)  # the test encoder is right, judged by the real decoder
+    scan = lossless_scan(frame)
+    assert scan is not None and scan.restart_rows == restart_rows
+    assert 0 <= scan.coded_bits - lossless_bits_needed(scan, pixels) < 8 * (64 // (restart_rows or 64))
+    assert np.array_equal(parse(to_bytes(_lossless_dataset(frame, pixels, 12))).decode_frame(0), pixels)
+
+
+def test_a_signed_lossless_jpeg_frame_passes_the_bit_count():
+    """pydicom hands back a signed view of the codec's 16-bit samples; the count must see the codec's values."""
+    signed = (_lossless_slice().astype(np.int32) - 2048).astype(np.int16)
+    frame = encode_lossless_jpeg(signed.view(np.uint16), precision=16, predictor=1)
+    ds = _lossless_dataset(frame, signed, 16)
+    assert np.array_equal(parse(to_bytes(ds)).decode_frame(0), signed)
+
+
+@pytest.mark.parametrize("precision", [12, 16])
+@pytest.mark.parametrize("predictor", [1, 4, 7])
+@pytest.mark.parametrize("cut", ["keep 0.9", "keep 0.5", "middle 64 bytes", "middle 400 bytes"])
+def test_a_lossless_jpeg_frame_that_lost_data_but_kept_its_end_marker_is_refused(precision, predictor, cut):
+    """Session 14: pylibjpeg filled the lost part of a 12/16-bit lossless frame and the request was answered OK."""
+    pixels = _lossless_slice()
+    frame = encode_lossless_jpeg(pixels, precision=precision, predictor=predictor)
+    n = len(frame)
+    how, amount = cut.split(" ", 1)
+    if how == "keep":
+        damaged = frame[: int(n * float(amount))] + b"\xff\xd9"
+    else:
+        drop = int(amount.split()[0])
+        damaged = frame[: n // 2] + frame[n // 2 + drop :]
+    with pytest.raises(DicomError, match=r"the JPEG data is truncated or corrupt: its entropy-coded data holds \d+ "
+                                         r"bits, but the decoded samples need|has no code for"):
+        parse(to_bytes(_lossless_dataset(damaged, pixels, 12))).decode_frame(0)
+
+
+@pytest.mark.parametrize("point_transform", [1, 2])
+def test_a_lossless_jpeg_frame_with_a_point_transform_is_refused_not_decoded_to_wrong_values(point_transform):
+    """Session 14: pylibjpeg-libjpeg decoded Pt = 1 to about twice each value and Pt = 2 to 4095 everywhere."""
+    from libjpeg import decode
+
+    pixels = _lossless_slice()
+    frame = encode_lossless_jpeg(pixels, precision=12, predictor=1, point_transform=point_transform)
+    assert not np.array_equal(decode(frame), (pixels >> point_transform) << point_transform)  # the decoder's bug
+    with pytest.raises(DicomError, match=rf"point transform \(Pt = {point_transform}\).*pylibjpeg-libjpeg"):
+        parse(to_bytes(_lossless_dataset(frame, pixels, 12))).decode_frame(0)

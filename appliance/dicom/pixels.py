@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -240,19 +241,23 @@ def encapsulated_pixels(ds: Dataset, pixels: bytes, pm: PixelModule, ts: str) ->
         offsets = parse_basic_offsets(pixels)
         items = io.BytesIO(pixels)  # shares the buffer; parse_fragments wants bytes or a file-like
         items.seek(8 + 4 * len(offsets))
-        n_fragments, _ = parse_fragments(items)
+        n_fragments, positions = parse_fragments(items)
     except Exception as e:  # noqa: BLE001 - malformed item structure
         raise DicomError(f"{label} encapsulation is malformed: {type(e).__name__}: {first_line(e)}",
                          field="dicom.PixelData") from e
     if n_fragments == 0:
         raise DicomError(f"{label} has no fragments", field="dicom.PixelData")
-    data_bytes = len(pixels) - 8 - 4 * len(offsets)  # the fragment items after the Basic Offset Table item
-    _check_offsets(f"the Basic Offset Table of {label}", "dicom.PixelData", list(offsets), None, data_bytes)
+    first = 8 + 4 * len(offsets)  # the fragment items start after the Basic Offset Table item
+    fragments = {at - first: struct.unpack_from("<I", pixels, at + 4)[0] for at in positions}
+    data_bytes = len(pixels) - first
+    _check_offsets(f"the Basic Offset Table of {label}", "dicom.PixelData", list(offsets), None, data_bytes,
+                   fragments)
     if "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds:
         eot, eotl = ds.ExtendedOffsetTable, ds.ExtendedOffsetTableLengths
         if len(eot) % 8 == 0 and len(eotl) == len(eot):  # the frame count is checked in decode_options
             _check_offsets(tag_name("ExtendedOffsetTable"), "dicom.ExtendedOffsetTable",
-                           np.frombuffer(eot, "<u8").tolist(), np.frombuffer(eotl, "<u8").tolist(), data_bytes)
+                           np.frombuffer(eot, "<u8").tolist(), np.frombuffer(eotl, "<u8").tolist(), data_bytes,
+                           fragments)
     if offsets and len(offsets) != pm.frames:
         raise DicomError(
             f"{tag_name('NumberOfFrames')} = {pm.frames} but the Basic Offset Table of {label} lists "
@@ -273,8 +278,14 @@ def encapsulated_pixels(ds: Dataset, pixels: bytes, pm: PixelModule, ts: str) ->
     return pixels
 
 
-def _check_offsets(table: str, field: str, offsets: list[int], lengths: list[int] | None, data_bytes: int) -> None:
-    """Offsets into the fragment items must start at 0, not decrease, and stay inside them (a lying table)."""
+def _check_offsets(table: str, field: str, offsets: list[int], lengths: list[int] | None, data_bytes: int,
+                   fragments: dict[int, int]) -> None:
+    """A lying offset table is refused: offsets must start at 0, increase, and each name a fragment's first byte.
+
+    ``fragments`` maps each fragment item's offset (from the first fragment) to its length. Two frames at one offset
+    decoded the same bytes twice and never read the other frame (held-out review, session 14). An extended table's
+    frames are one fragment each (PS3.5 A.4), so each length must be its fragment's, less at most a pad byte.
+    """
     if not offsets:
         return
     if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:], strict=False)):
@@ -285,6 +296,17 @@ def _check_offsets(table: str, field: str, offsets: list[int], lengths: list[int
     if max(ends) > data_bytes:
         raise DicomError(f"{table} points past the end of the pixel data's {data_bytes} bytes of fragments",
                          field=field)
+    for i, (a, b) in enumerate(zip(offsets, offsets[1:], strict=False)):
+        if a == b:
+            raise DicomError(f"{table} lists frames {i} and {i + 1} at the same offset {a}: two frames cannot "
+                             "share their data", field=field)
+    for i, o in enumerate(offsets):
+        if o not in fragments:
+            raise DicomError(f"{table} puts frame {i} at offset {o}, which is not the start of a fragment item",
+                             field=field)
+        if lengths is not None and not fragments[o] - 1 <= lengths[i] <= fragments[o]:
+            raise DicomError(f"{table} gives frame {i} a length of {lengths[i]} bytes, but its fragment holds "
+                             f"{fragments[o]}", field=field)
 
 
 def decode_options(ds: Dataset, pm: PixelModule, ts: str) -> dict[str, Any]:

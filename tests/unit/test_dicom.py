@@ -668,3 +668,33 @@ def test_a_lossless_jpeg_frame_with_a_point_transform_is_refused_not_decoded_to_
     assert not np.array_equal(decode(frame), (pixels >> point_transform) << point_transform)  # the decoder's bug
     with pytest.raises(DicomError, match=rf"point transform \(Pt = {point_transform}\).*pylibjpeg-libjpeg"):
         parse(to_bytes(_lossless_dataset(frame, pixels, 12))).decode_frame(0)
+
+
+@pytest.mark.parametrize(("lie", "needle"), [
+    ("extended-same-offset", r"\(7FE0,0001\) Extended Offset Table lists frames 0 and 1 at the same offset 0"),
+    ("basic-same-offset", r"Basic Offset Table of \(7FE0,0010\) Pixel Data lists frames 0 and 1 at the same offset"),
+    ("extended-mid-fragment", r"puts frame 1 at offset \d+, which is not the start of a fragment item"),
+    ("extended-short-length", r"gives frame 1 a length of 4 bytes, but its fragment holds \d+"),
+])
+def test_an_offset_table_that_lets_two_frames_share_or_split_data_is_refused(lie, needle):
+    """Held-out review, session 14: extended offsets [0, 0] decoded frame 0 twice and answered both OK."""
+    ds, frames = _rle_two_frames()
+    ds.PixelData, eot, eotl = pydicom.encaps.encapsulate_extended(frames)
+    first, second = np.frombuffer(eot, "<u8").tolist(), np.frombuffer(eotl, "<u8").tolist()
+    if lie == "basic-same-offset":
+        ds.PixelData = encapsulate(frames, has_bot=True)
+        ds.PixelData = ds.PixelData[:8] + struct.pack("<II", 0, 0) + ds.PixelData[16:]
+    else:
+        offsets, lengths = list(first), list(second)
+        if lie == "extended-same-offset":
+            offsets[1], lengths[1] = 0, lengths[0]
+        elif lie == "extended-mid-fragment":
+            offsets[1] += 8
+            lengths[1] -= 8
+        else:
+            lengths[1] = 4
+        ds.ExtendedOffsetTable = struct.pack("<2Q", *offsets)
+        ds.ExtendedOffsetTableLengths = struct.pack("<2Q", *lengths)
+    ds["PixelData"].is_undefined_length = True
+    with pytest.raises(DicomError, match=needle):
+        parse(to_bytes(ds))

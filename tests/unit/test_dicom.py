@@ -801,3 +801,36 @@ def test_a_lossy_codestream_under_a_lossless_transfer_syntax_is_refused(lie):
     ds["PixelData"].is_undefined_length = True
     with pytest.raises(DicomError, match=needle):
         parse(to_bytes(ds)).decode_frame(0)
+
+
+@pytest.mark.parametrize("declared", ["1.2.840.10008.1.2.2", "1.2.840.10008.1.2.1"])
+def test_a_body_in_the_other_byte_order_than_declared_is_named_as_such(declared):
+    """Held-out review, session 14: the reply said only "(0008,0016) SOP Class UID is missing"."""
+    ds = make_dataset()
+    if declared == "1.2.840.10008.1.2.1":  # a big endian body under an explicit little endian meta
+        ds.file_meta.TransferSyntaxUID = ExplicitVRBigEndian
+    data = to_bytes(ds)
+    actual = str(ds.file_meta.TransferSyntaxUID).encode()
+    data = data.replace(actual + b"\x00", declared.encode() + b"\x00", 1)
+    with pytest.raises(DicomError, match=r"SOP Class UID is missing: the dataset's tags read byte-swapped, so its "
+                                         r"body is not encoded in the transfer syntax"):
+        parse(data)
+
+
+@pytest.mark.parametrize("syntax", ["baseline", "lossless"])
+def test_an_8_bit_jpeg_stream_under_bits_allocated_16_is_named_as_such(syntax):
+    """Held-out review, session 14: the reply was pydicom's "could not broadcast input array from shape ..."."""
+    pixels = (np.arange(64 * 64) % 200).astype(np.uint16).reshape(64, 64)
+    ds = make_dataset(pixels=pixels, bits_stored=8)
+    if syntax == "lossless":
+        frame = encode_lossless_jpeg(pixels, precision=8)
+        ds.file_meta.TransferSyntaxUID = pydicom.uid.JPEGLosslessSV1
+    else:
+        buf = io.BytesIO()
+        Image.fromarray(pixels.astype(np.uint8)).save(buf, format="JPEG", quality=95)
+        frame = buf.getvalue()
+        ds.file_meta.TransferSyntaxUID = pydicom.uid.JPEGBaseline8Bit
+    ds.PixelData = encapsulate([frame + b"\x00" * (len(frame) % 2)])
+    ds["PixelData"].is_undefined_length = True
+    with pytest.raises(DicomError, match=r"samples are 8-bit, but \(0028,0100\) Bits Allocated = 16"):
+        parse(to_bytes(ds)).decode_frame(0)

@@ -144,10 +144,12 @@ class ThermalController:
         """Take one sample, update the governor and return the new duty."""
         if not self._enabled:
             return self.duty
-        now = self.clock.monotonic()
         busy = self.busy_source() if self.busy_source is not None else None
         self.thermometer.note_busy(busy if busy is not None else self.governor.duty)
         reading = self.thermometer.read()
+        # stamped when the read returns, as the energy counter is: a read that blocked 5 s and was stamped before
+        # it made the governor see 6x the power and judge a healthy sensor stuck (held-out review, session 14)
+        now = self.clock.monotonic()
         with self._lock:
             dt = 0.0 if self._last_t is None else max(now - self._last_t, 0.0)
             self._last_t = now

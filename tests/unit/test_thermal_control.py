@@ -87,3 +87,39 @@ def test_governor_settings_from_a_step_response() -> None:
     blind = {"ok": True, "r_total_k_per_w": 0.09}
     out = governor_settings({"ok": True, "tau_s": 3.7, "dead_time_s": 1.0, "r_jh_k_per_w": 0.025}, 545.0, blind)
     assert out["sink_rise_c"] == pytest.approx(0.8 * 0.065 * 545.0, abs=0.01)
+
+
+class _BlockingThermometer(SimulatedThermometer):
+    """A simulated GPU whose read call blocks ``block_s`` of clock time (while the GPU keeps working) when asked."""
+
+    def __init__(self, clock: ManualClock, **kw: object) -> None:
+        super().__init__(clock, **kw)  # type: ignore[arg-type]
+        self.clock = clock
+        self.block_s = 0.0
+
+    def read(self):  # type: ignore[no-untyped-def]
+        self.clock.advance(self.block_s)
+        self.block_s = 0.0
+        return super().read()
+
+
+def test_a_read_that_blocks_does_not_inflate_the_power_or_blind_a_healthy_sensor() -> None:
+    """Held-out review, session 14: a 5 s block stamped before the read made 2,711 W of ~450 W, and BLIND."""
+    clock = ManualClock()
+    thermo = _BlockingThermometer(clock, sensor=SensorParams(1.0, "floor", 0.0))
+    ctl = ThermalController(thermo, clock=clock, busy_source=lambda: 1.0)
+    for _ in range(300):
+        ctl.tick()
+        clock.advance(1.0)
+    steady = ctl.snapshot().power_w
+    assert steady is not None
+    thermo.block_s = 5.0
+    ctl.tick()
+    blocked = ctl.snapshot().power_w
+    assert blocked is not None and blocked < 1.5 * steady
+    states = set()
+    for _ in range(60):
+        clock.advance(1.0)
+        ctl.tick()
+        states.add(ctl.governor_state)
+    assert GovernorState.BLIND not in states

@@ -161,7 +161,8 @@ class ThermalController:
                 self._errors[reading.error] += 1
             duty = self.governor.update(now, reading.temp_c, reading.power_w, busy,
                                         energy_j=reading.energy_j, error=reading.error)
-            self._temp = self.governor.last_decision.temp_c
+            if self.governor.last_decision.temp_c is not None:  # the last *good* reading, as documented: status
+                self._temp = self.governor.last_decision.temp_c  # showed 0 °C in HOLDING/BLIND (session 14)
         return duty
 
     def tick_safely(self) -> float:

@@ -123,3 +123,23 @@ def test_a_read_that_blocks_does_not_inflate_the_power_or_blind_a_healthy_sensor
         ctl.tick()
         states.add(ctl.governor_state)
     assert GovernorState.BLIND not in states
+
+
+def test_status_keeps_the_last_good_reading_through_failed_reads() -> None:
+    """Held-out review, session 14: GetStatus said 0 °C (None) in HOLDING and BLIND, metrics the last value."""
+    clock = ManualClock()
+    ctl = ThermalController(SimulatedThermometer(clock, faults=[Fault("read_error", 100.0, 130.0)],
+                                                 sensor=SensorParams(1.0, "floor", 0.0)),
+                            clock=clock, busy_source=lambda: 1.0)
+    for _ in range(100):  # t = 0 .. 99: good reads
+        ctl.tick()
+        clock.advance(1.0)
+    good = ctl.snapshot().temperature_c
+    assert good is not None and good > 30.0
+    seen = set()
+    for _ in range(20):
+        ctl.tick()
+        clock.advance(1.0)
+        seen.add(ctl.governor_state)
+        assert ctl.snapshot().temperature_c == good
+    assert {GovernorState.HOLDING, GovernorState.BLIND} <= seen

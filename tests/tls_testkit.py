@@ -39,8 +39,8 @@ class Issued:
         return cert, key
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Test Hospital"),
+def _name(cn: str, organization: str = "Test Hospital") -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization),
                       x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
@@ -63,13 +63,13 @@ def make_ca(cn: str = "Test CA") -> Issued:
     return Issued(cert, key)
 
 
-def issue(ca: Issued, cn: str, *, server: bool = False) -> Issued:
+def issue(ca: Issued, cn: str, *, server: bool = False, organization: str = "Test Hospital") -> Issued:
     """A leaf certificate signed by ``ca``; a server certificate names localhost and 127.0.0.1."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(cn))
+        .subject_name(_name(cn, organization))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

@@ -1,7 +1,9 @@
 """Who may call what: a grpc.aio server interceptor that checks each call's peer before the handler runs.
 
-Two roles: **analyze** (Analyze, AnalyzeStream and everything below) and **status** (GetStatus, health,
-reflection). A caller gets a role from how it connected (docs/security.md):
+Two roles: **status** (GetStatus, health, reflection, and the OIP calls that only describe the server and its
+models) and **analyze** (everything else: Analyze, AnalyzeStream, OIP ModelInfer, and any method added later;
+status is an allow-list so a new inference path cannot be left open to monitors). A caller gets a role from how
+it connected (docs/security.md):
 
 - over the **unix socket**: analyze. The socket's mode (0660, group ``server.socket_group``) is the control.
 - over **plaintext loopback TCP**: ``access.loopback`` ("analyze" by default, "status" or "none").
@@ -29,9 +31,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANALYZE",
-    "ANALYZE_METHODS",
     "NONE",
     "STATUS",
+    "STATUS_METHODS",
     "AccessInterceptor",
     "AccessPolicy",
     "interceptors",
@@ -48,13 +50,30 @@ _Check = Callable[[str, "grpc.aio.ServicerContext[Any, Any]"], Awaitable[None]]
 ANALYZE, STATUS, NONE = "analyze", "status", "none"
 _RANK = {NONE: 0, STATUS: 1, ANALYZE: 2}
 
-#: Methods that need the analyze role; every other method needs status.
-ANALYZE_METHODS = frozenset({"/appliance.v1.Inference/Analyze", "/appliance.v1.Inference/AnalyzeStream"})
+#: Methods the status role may call; every other method needs analyze. Held-out review, session 14: the list was
+#: the other way round (analyze methods named, the rest status), and OIP ModelInfer answered a monitoring
+#: certificate and a status-only loopback with findings.
+STATUS_METHODS = frozenset({
+    "/appliance.v1.Inference/GetStatus",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.health.v1.Health/List",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    *(f"/inference.GRPCInferenceService/{m}" for m in (
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+        "ModelStatistics")),
+})
 
 
 def subject_key(subject: str) -> tuple[str, ...]:
     """A subject's attributes in a fixed order, so ``O=H,CN=x`` and ``CN=x,O=H`` compare equal."""
     return tuple(sorted(part.strip() for part in re.split(r"(?<!\\),", subject) if part.strip()))
+
+
+def _entries(entries: Iterable[str]) -> frozenset[str | tuple[str, ...]]:
+    """An allow-list: a bare name (no ``=``) matches a certificate's CN, a subject (``CN=x,O=H``) its full subject."""
+    return frozenset(e.strip() if "=" not in e else subject_key(e) for e in entries)
 
 
 def _first(auth: Mapping[str, Iterable[bytes]], key: str) -> str:
@@ -67,8 +86,8 @@ class AccessPolicy:
 
     def __init__(self, access: AccessConfig) -> None:
         self.access = access
-        self.analyze = frozenset(map(subject_key, access.analyze_subjects))
-        self.status = frozenset(map(subject_key, access.status_subjects))
+        self.analyze = _entries(access.analyze_subjects)
+        self.status = _entries(access.status_subjects)
 
     def role(self, peer: str, auth: Mapping[str, Iterable[bytes]]) -> tuple[str, str]:
         """Return ``(role, who)`` for a caller; ``who`` names it for log lines and errors (never patient data)."""
@@ -80,7 +99,11 @@ class AccessPolicy:
         who = subject or "TLS client without certificate"
         if not (self.analyze or self.status):
             return ANALYZE, who
-        names = {subject_key(n) for n in (cn, subject) if n}
+        # the bare common name is compared only with bare-name entries: a CN of "O=Test Hospital,CN=monitor" in
+        # another organisation's certificate matched that full-subject entry (held-out review, session 14)
+        names: set[str | tuple[str, ...]] = {cn} if cn else set()
+        if subject:
+            names.add(subject_key(subject))
         if names & self.analyze:
             return ANALYZE, who
         if names & self.status:
@@ -90,7 +113,7 @@ class AccessPolicy:
     @staticmethod
     def needed(method: str) -> str:
         """The role ``method`` (``/package.Service/Method``) needs."""
-        return ANALYZE if method in ANALYZE_METHODS else STATUS
+        return STATUS if method in STATUS_METHODS else ANALYZE
 
     def allows(self, method: str, peer: str, auth: Mapping[str, Iterable[bytes]]) -> tuple[bool, str]:
         """``(allowed, who)`` for one call."""

@@ -13,6 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from appliance.errors import ConfigError
+from appliance.proto.inference import grpc_service_pb2 as oip
+from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+from appliance.serving.oip import serialize_bytes
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import synthetic
@@ -104,6 +107,38 @@ def test_mtls_allow_list_separates_analyze_from_status(mtls, pki, slice_bytes) -
             with pytest.raises(grpc.RpcError) as e:
                 call()
             assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def _oip_infer(channel: grpc.Channel, dicom: bytes) -> oip.ModelInferResponse:
+    request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id="acl-1")
+    request.inputs.add(name="dicom", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(serialize_bytes([dicom]))
+    return oip_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+
+
+def test_oip_inference_needs_the_analyze_role_and_its_metadata_calls_only_status(mtls, pki, slice_bytes) -> None:
+    """Held-out review, session 14: a monitoring certificate and a status-only loopback got findings from
+    ModelInfer; only appliance.v1's Analyze methods were guarded."""
+    with _channel(mtls.tls_target, pki["ca"], pki["pacs"]) as ch:
+        assert _oip_infer(ch, slice_bytes).outputs
+    for channel in (lambda: _channel(mtls.tls_target, pki["ca"], pki["monitor"]),
+                    lambda: grpc.insecure_channel(mtls.plain_target)):
+        with channel() as ch:
+            stub = oip_grpc.GRPCInferenceServiceStub(ch)
+            assert stub.ServerLive(oip.ServerLiveRequest(), timeout=5).live
+            assert stub.ModelMetadata(oip.ModelMetadataRequest(name="ct-nodule-dicom"), timeout=5).inputs
+            with pytest.raises(grpc.RpcError) as e:
+                _oip_infer(ch, slice_bytes)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "ModelInfer" in e.value.details()
+
+
+def test_a_common_name_that_spells_a_listed_subject_is_not_that_subject(mtls, pki) -> None:
+    """Held-out review, session 14: CN "O=Test Hospital,CN=monitor" in an O=Evil certificate got the status role."""
+    forged = issue(pki["ca"], "O=Test Hospital,CN=monitor", organization="Evil")
+    with _channel(mtls.tls_target, pki["ca"], forged) as ch, pytest.raises(grpc.RpcError) as e:
+        _status(ch)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 def test_mtls_refuses_clients_without_a_certificate_or_from_another_ca(mtls, pki) -> None:

@@ -15,9 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from appliance.errors import ConfigError
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.oip import serialize_bytes
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.oip import serialize_bytes
 from appliance.tools import synthetic
 from tests.support import RunningApp, fake_config
 from tests.tls_testkit import Issued, issue, make_ca

@@ -224,7 +224,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         series never sees QUEUE_FULL because of its own earlier items; gRPC flow control slows the client down.
         """
         window = _FrameWindow(self.stream_window)
-        requests_in_flight = asyncio.Semaphore(2 * window.size)  # bounds payload bytes held by one stream
+        # bounds the requests one stream holds, from reading them until their replies are written: a client that
+        # never reads its replies stops being read from (held-out review, session 14: the permit was released
+        # before the reply was queued, and RSS grew by about 1 KiB per unread reply)
+        requests_in_flight = asyncio.Semaphore(2 * window.size)
         out: asyncio.Queue[pb.AnalyzeResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
@@ -247,6 +250,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                                               status=pb.ItemStatus(code=e.code.value[0], message=str(e)))
             except asyncio.CancelledError:
                 self._finish(grpc.StatusCode.CANCELLED, t0, rid)
+                requests_in_flight.release()
                 raise
             except Exception as e:  # noqa: BLE001
                 err = self._unexpected(e)
@@ -255,8 +259,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                                               status=pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err)))
             finally:
                 await share.close()
-                requests_in_flight.release()
-            await out.put(response)
+            out.put_nowait(response)  # its permit is released once the reply is written
 
         async def reader() -> None:
             try:
@@ -274,6 +277,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         try:
             while (response := await out.get()) is not None:
                 yield response
+                requests_in_flight.release()
         finally:
             read_task.cancel()
             for task in list(tasks):

@@ -403,3 +403,32 @@ def _wait(predicate, timeout_s: float) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("condition not reached in time")
+
+
+def test_a_stream_whose_client_never_reads_its_replies_stops_being_read(models_dir) -> None:
+    """Held-out review, session 14: the server kept reading and answering such a stream, its replies queued
+    without bound (daemon RSS +200 MiB for 200k tiny items); a stream may hold only its window of requests."""
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+    try:
+        sent = 20_000
+
+        def requests():
+            for i in range(sent):
+                yield pb.AnalyzeRequest(dicom=b"", request_id=f"unread-{i:06d}")
+
+        no_growth = [("grpc.http2.bdp_probe", 0)]  # the client's receive window stays at its initial 64 KiB
+        with grpc.insecure_channel(app.target, options=no_growth) as ch, \
+                grpc.insecure_channel(app.target) as status_ch:
+            call = pb_grpc.InferenceStub(ch).AnalyzeStream(requests(), timeout=60)
+            answered, deadline = -1, time.monotonic() + 20
+            while time.monotonic() < deadline:  # until the server stops answering it
+                time.sleep(1.0)
+                status = pb_grpc.InferenceStub(status_ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+                now = status.status_counts["INVALID_ARGUMENT"]
+                if now == answered:
+                    break
+                answered = now
+            assert 0 < answered < sent // 4, answered
+            call.cancel()
+    finally:
+        app.stop()

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
 #: The check a wrapped handler awaits first: ``check(method, context)``; it aborts the call if not allowed.
-_Check = Callable[[str, "grpc.aio.ServicerContext[Any, Any]"], Awaitable[None]]
+_Check = Callable[[str, "grpc.aio.ServicerContext[Any, Any]"], Awaitable[Callable[[], None] | None]]
 
 ANALYZE, STATUS, NONE = "analyze", "status", "none"
 _RANK = {NONE: 0, STATUS: 1, ANALYZE: 2}
@@ -121,12 +121,28 @@ class AccessPolicy:
         return _RANK[role] >= _RANK[self.needed(method)], who
 
 
-class AccessInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every handler so that the call is checked against :class:`AccessPolicy` first."""
+#: Status streams that stay open as long as the client likes; they get a budget of their own.
+LONG_LIVED = frozenset({
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+})
 
-    def __init__(self, policy: AccessPolicy) -> None:
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler so that the call is checked against :class:`AccessPolicy` first.
+
+    Open health-watch and reflection streams are also capped, ``stream_budget`` in all and an eighth of that
+    (at least 4) per caller: grpc's ``server.max_concurrent_rpcs`` counts every call, and a status-only client
+    holding 1,050 Watch streams made every Analyze RESOURCE_EXHAUSTED (held-out review, session 14).
+    """
+
+    def __init__(self, policy: AccessPolicy, stream_budget: int = 256) -> None:
         self.policy = policy
         self.denied = 0  # calls refused (read by tests and status)
+        self.stream_budget = max(stream_budget, 8)
+        self.per_caller = max(4, self.stream_budget // 8)
+        self._open: dict[str, int] = {}  # caller -> open long-lived streams
 
     async def intercept_service(
         self,
@@ -141,12 +157,26 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             return handler
         return _wrap(handler, handler_call_details.method, self._check)
 
-    async def _check(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _check(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[], None] | None:
+        """Abort the call unless its caller may make it; for a long-lived stream, return what ends its count."""
         allowed, who = self.policy.allows(method, context.peer(), context.auth_context())
         if not allowed:
             self.denied += 1
             log.warning("access denied: %s may not call %s", who, method)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who} may not call {method} (config [access])")
+        if method not in LONG_LIVED:
+            return None
+        caller = "plaintext" if who.startswith("plaintext") else who  # every plaintext loopback user is one caller
+        if sum(self._open.values()) >= self.stream_budget or self._open.get(caller, 0) >= self.per_caller:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"too many open health-watch and reflection streams ({self.per_caller} per caller, "
+                                f"{self.stream_budget} in all: a quarter of server.max_concurrent_rpcs)")
+        self._open[caller] = self._open.get(caller, 0) + 1
+
+        def release() -> None:
+            self._open[caller] -= 1
+
+        return release
 
 
 def _wrap(
@@ -185,19 +215,27 @@ def _streaming(inner: Any, method: str, check: _Check) -> Any:
     if inspect.isasyncgenfunction(inner):
 
         async def generator(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            await check(method, context)
-            async for response in inner(request, context):
-                yield response
+            release = await check(method, context)
+            try:
+                async for response in inner(request, context):
+                    yield response
+            finally:
+                if release is not None:
+                    release()
 
         return generator
 
     async def coroutine(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await check(method, context)
-        return await inner(request, context)
+        release = await check(method, context)
+        try:
+            return await inner(request, context)
+        finally:
+            if release is not None:
+                release()
 
     return coroutine
 
 
 def interceptors(cfg: Config) -> list[grpc.aio.ServerInterceptor]:
     """The interceptors to pass to ``grpc.aio.server(interceptors=...)`` for this configuration."""
-    return [AccessInterceptor(AccessPolicy(cfg.access))]
+    return [AccessInterceptor(AccessPolicy(cfg.access), stream_budget=cfg.server.max_concurrent_rpcs // 4)]

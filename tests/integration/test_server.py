@@ -432,3 +432,34 @@ def test_a_stream_whose_client_never_reads_its_replies_stops_being_read(models_d
             call.cancel()
     finally:
         app.stop()
+
+
+def test_health_watch_streams_cannot_take_the_slots_analyze_needs(models_dir, slice_bytes) -> None:
+    """Held-out review, session 14: a status-only client holding 1,050 Watch streams filled
+    server.max_concurrent_rpcs (1024) and every Analyze got RESOURCE_EXHAUSTED. Watch and reflection streams have
+    a quarter of the cap, and an eighth of that per caller (here 64 -> 16 in all, 4 per caller)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    app = RunningApp(fake_config(models_dir, server={"max_concurrent_rpcs": 64}), notifier=RecordingNotifier())
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            watches = [health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30) for _ in range(70)]
+            outcomes = []
+            for watch in watches:
+                try:
+                    outcomes.append(next(watch).status == health_pb2.HealthCheckResponse.SERVING)
+                except grpc.RpcError as e:
+                    outcomes.append(e.code())
+            assert outcomes.count(True) == 4
+            assert outcomes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 66
+            reply = pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+            assert len(reply.frames) == 1
+            for watch in watches:
+                watch.cancel()
+            time.sleep(0.5)
+            again = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert next(again).status == health_pb2.HealthCheckResponse.SERVING  # cancelled streams were counted off
+            again.cancel()
+    finally:
+        app.stop()

@@ -179,18 +179,61 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         return release
 
 
+class _Undecodable:
+    """Stands in for a request message that did not parse, so the call can be refused INVALID_ARGUMENT.
+
+    grpc answers a deserializer's exception with UNKNOWN "Unexpected DecodeError" and an ERROR log line, which any
+    client could fill the journal with (held-out review, session 14).
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = type(error).__name__
+
+
+def _lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as e:  # noqa: BLE001 - any parse failure is the client's malformed message
+            return _Undecodable(e)
+
+    return deserialize
+
+
+async def _decoded(request: Any, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    """``request`` itself, or a stream of them that refuses the call at the first one that did not parse."""
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the request is not a valid message for {method} ({request.error})")
+    if not hasattr(request, "__aiter__"):
+        return request
+
+    async def stream() -> Any:
+        async for item in request:
+            if isinstance(item, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"a request on the stream is not a valid message for {method} ({item.error})")
+            yield item
+
+    return stream()
+
+
 def _wrap(
     handler: grpc.RpcMethodHandler[_Request, _Response], method: str, check: _Check
 ) -> grpc.RpcMethodHandler[_Request, _Response]:
     # Under grpc.aio the behaviours are coroutine functions or async generators; the stubs type grpc's sync API
     # (plain callables and iterators), so the behaviours are handled as Any here.
-    deserializer, serializer = handler.request_deserializer, handler.response_serializer
+    deserializer: Any = _lenient(handler.request_deserializer)
+    serializer = handler.response_serializer
     if handler.unary_unary:
         inner: Any = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await check(method, context)
-            return await inner(request, context)
+            return await inner(await _decoded(request, method, context), context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, deserializer, serializer)
     if handler.unary_stream:
@@ -202,7 +245,7 @@ def _wrap(
 
         async def stream_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await check(method, context)
-            return await inner_su(requests, context)
+            return await inner_su(await _decoded(requests, method, context), context)
 
         return grpc.stream_unary_rpc_method_handler(stream_unary, deserializer, serializer)
     return grpc.stream_stream_rpc_method_handler(
@@ -217,7 +260,7 @@ def _streaming(inner: Any, method: str, check: _Check) -> Any:
         async def generator(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             release = await check(method, context)
             try:
-                async for response in inner(request, context):
+                async for response in inner(await _decoded(request, method, context), context):
                     yield response
             finally:
                 if release is not None:
@@ -228,7 +271,7 @@ def _streaming(inner: Any, method: str, check: _Check) -> Any:
     async def coroutine(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         release = await check(method, context)
         try:
-            return await inner(request, context)
+            return await inner(await _decoded(request, method, context), context)
         finally:
             if release is not None:
                 release()

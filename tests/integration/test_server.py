@@ -463,3 +463,17 @@ def test_health_watch_streams_cannot_take_the_slots_analyze_needs(models_dir, sl
             again.cancel()
     finally:
         app.stop()
+
+
+@pytest.mark.parametrize("method", ["/appliance.v1.Inference/Analyze", "/inference.GRPCInferenceService/ModelInfer",
+                                    "/appliance.v1.Inference/AnalyzeStream"])
+def test_a_request_that_is_not_a_valid_protobuf_is_invalid_argument(running, method) -> None:
+    """Held-out review, session 14: grpc answered UNKNOWN "Unexpected DecodeError" and logged an ERROR line."""
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, with a length far past the end
+    with grpc.insecure_channel(running.target) as ch, pytest.raises(grpc.RpcError) as e:
+        if method.endswith("Stream"):
+            list(ch.stream_stream(method)(iter([garbage]), timeout=10))
+        else:
+            ch.unary_unary(method)(garbage, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "not a valid message for" in e.value.details() and "DecodeError" in e.value.details()

@@ -120,6 +120,24 @@ def _cmd_health(args: argparse.Namespace) -> int:
         return UNKNOWN
 
 
+def _why_unreachable(channel: Any, args: argparse.Namespace) -> str:
+    """The reason gRPC gives for a channel that never became ready (a refused connection, a failed handshake)."""
+    import grpc
+
+    from appliance.proto.v1 import inference_pb2 as pb
+    from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+
+    try:
+        pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=min(args.timeout, 2.0))
+    except grpc.RpcError as e:
+        details = (e.details() if hasattr(e, "details") else "") or ""
+        if args.tls_ca:  # a refused client certificate reads "Socket closed", a wrong CA "Ssl handshake failed"
+            return (f": {details or 'no answer'} (over TLS this is most often the handshake: check --tls-ca, "
+                    "--tls-cert, --tls-key and their validity dates)")
+        return f": {details}" if details else ""
+    return ""
+
+
 def _health(args: argparse.Namespace) -> int:
     import grpc
     from google.protobuf.json_format import MessageToDict
@@ -133,7 +151,8 @@ def _health(args: argparse.Namespace) -> int:
             try:
                 grpc.channel_ready_future(channel).result(timeout=args.timeout)
             except grpc.FutureTimeoutError:
-                print(f"EDGE-APPLIANCE CRITICAL: {args.target} unreachable within {args.timeout:g} s")
+                print(f"EDGE-APPLIANCE CRITICAL: {args.target} unreachable within {args.timeout:g} s"
+                      f"{_why_unreachable(channel, args)}")
                 return CRITICAL
             # types-grpcio-health-checking declares HealthStub without its methods (Check, Watch)
             health: Any = health_pb2_grpc.HealthStub(channel)
@@ -141,13 +160,21 @@ def _health(args: argparse.Namespace) -> int:
             status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=args.timeout)
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            print(f"EDGE-APPLIANCE CRITICAL: {args.target}: {code.name}")
+        details = (e.details() if hasattr(e, "details") else "") or ""
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            print(f"EDGE-APPLIANCE CRITICAL: {args.target}: {code.name}: {details}")
             return CRITICAL
-        print(f"EDGE-APPLIANCE UNKNOWN: unexpected answer from {args.target}: {e}")
+        if code is grpc.StatusCode.PERMISSION_DENIED:  # the monitor's own credentials: it cannot tell, so UNKNOWN
+            print(f"EDGE-APPLIANCE UNKNOWN: {args.target} refused this client: PERMISSION_DENIED: {details} "
+                  "(check --tls-cert against [access] status_subjects)")
+            return UNKNOWN
+        print(f"EDGE-APPLIANCE UNKNOWN: unexpected answer from {args.target}: "
+              f"{code.name if code is not None else type(e).__name__}: {details}")
         return UNKNOWN
     serving = check.status == health_pb2.HealthCheckResponse.SERVING
-    if not serving:
+    if not serving and status.state == "DRAINING":  # a planned stop or restart (docs/operations.md): no page
+        rc, word = WARNING, "WARNING"
+    elif not serving:
         rc, word = CRITICAL, "CRITICAL"
     elif status.state == "DEGRADED" or status.degraded_reasons:
         rc, word = WARNING, "WARNING"

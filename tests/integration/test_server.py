@@ -477,3 +477,16 @@ def test_a_request_that_is_not_a_valid_protobuf_is_invalid_argument(running, met
             ch.unary_unary(method)(garbage, timeout=10)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
     assert "not a valid message for" in e.value.details() and "DecodeError" in e.value.details()
+
+
+def test_health_cli_reports_a_drain_as_warning_not_critical(models_dir, capsys) -> None:
+    """Held-out review, session 14: a planned restart paged as CRITICAL (docs/operations.md: DRAINING needs no
+    action)."""
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+    try:
+        app.call(app.app.health.set_draining())
+        assert cli_main(["health", "--target", app.target]) == 1
+        out = capsys.readouterr().out
+        assert out.startswith("EDGE-APPLIANCE WARNING: ") and "draining" in out, out
+    finally:
+        app.stop()

@@ -252,7 +252,14 @@ def test_health_cli_over_mtls(mtls, pki, tmp_path: Path, capsys) -> None:
     assert health("monitor") == 0
     assert "EDGE-APPLIANCE OK" in capsys.readouterr().out
     assert health("stranger") == 3  # PERMISSION_DENIED is an unexpected answer: UNKNOWN
-    assert "PERMISSION_DENIED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "refused this client: PERMISSION_DENIED" in out and "_InactiveRpcError" not in out  # session 14
+    rogue = issue(pki["other_ca"], "monitor")  # a certificate the daemon's CA did not sign: no handshake
+    cert, key = rogue.write(tmp_path, "rogue")
+    assert cli_main(["health", "--target", mtls.tls_target, "--tls-ca", str(tmp_path / "ca.crt"),
+                     "--tls-cert", str(cert), "--tls-key", str(key), "--timeout", "1"]) == 2
+    out = capsys.readouterr().out
+    assert "unreachable within 1 s: " in out and "check --tls-ca, --tls-cert, --tls-key" in out, out
 
 
 def test_client_certificate_not_required_means_plain_tls(models_dir, pki, tmp_path: Path) -> None:

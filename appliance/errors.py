@@ -52,6 +52,7 @@ class ApplianceError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"  # google.rpc.ErrorInfo reason
+    counted: bool = False  # set once the request path has counted this request's outcome (metrics)
 
 
 class InputError(ApplianceError):

@@ -97,6 +97,7 @@ class FakeAnalyzer:
         self.window = window
         self.capacity = capacity
         self.observer = observer or BatchObserver()
+        self.refused: list[str] = []  # codes of requests the front end refused itself (count_refused)
         self.live = True
         self.ready = True
         self.fail_next: ApplianceError | None = None
@@ -120,6 +121,11 @@ class FakeAnalyzer:
     def is_ready(self) -> bool:
         """The ``ready`` flag (and live)."""
         return self.live and self.ready
+
+    def count_refused(self, error: ApplianceError) -> None:
+        """Count a request the front end refused itself (``refused`` holds their codes, for tests)."""
+        if not error.counted:
+            self.refused.append(error.code.name)
 
     def close(self) -> None:
         """Stop the engine and decode threads."""

@@ -108,6 +108,10 @@ class Analyzer(Protocol):
         """Run already preprocessed float32 inputs ``[N, *item_shape]``; one dict of outputs per row."""
         ...
 
+    def count_refused(self, error: ApplianceError) -> None:
+        """Count a request a protocol front end refused itself (before analyze or infer), for the metrics."""
+        ...
+
 
 @dataclass(frozen=True)
 class PathLimits:
@@ -323,12 +327,18 @@ class RequestPath:
             raise
         except ApplianceError as e:
             code = e.code.name
+            e.counted = True  # a protocol that refuses requests before this path counts its own (count_refused)
             raise
         except Exception:
             code = "INTERNAL"
             raise
         finally:
             self._on_finished(code, self.clock.monotonic() - t0 if code == "OK" else None)
+
+    def count_refused(self, error: ApplianceError) -> None:
+        """Count a request a protocol layer refused before it reached this path, unless this path counted it."""
+        if not error.counted:
+            self._on_finished(error.code.name, None)
 
     def _admit(self, job: Job, n_frames: int, sop_uid: str, keep_free: int) -> list[WorkItem]:
         """Reserve one slot per frame of a parsed file (any thread); raise if that is refused or it was cancelled.

@@ -38,7 +38,7 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded
 from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.server import error_status
+from appliance.serving.server import _loggable, error_status
 
 if TYPE_CHECKING:
     from appliance.serving.analyze import Analysis, Analyzer
@@ -248,11 +248,15 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
             status = self._status(e, view)
+            if isinstance(e, ApplianceError):
+                self.analyzer.count_refused(e)  # refused here, before the request path: metrics count it too
+            self._journal(view, request_id, e.code.name if isinstance(e, ApplianceError) else "INTERNAL", t0)
         else:
             stats.merge(scratch)
             stats.success = _Stats.add(stats.success, time.perf_counter() - t0)
             stats.execution_count += 1
             stats.last_inference_ms = int(time.time() * 1000)
+            self._journal(view, request_id, "OK", t0)
             return response
         await context.abort_with_status(rpc_status.to_status(status))
         raise AssertionError("unreachable: abort_with_status raises")
@@ -474,6 +478,14 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     def _output_names(self, view: str) -> list[str]:
         names = [name for name, _ in self.analyzer.model.outputs]
         return names if view == self.tensor_view else [*names, "label", "score", "file_index", "frame_index"]
+
+    @staticmethod
+    def _journal(view: str, request_id: str, code: str, t0: float) -> None:
+        """One log line per ModelInfer, as appliance.v1 writes per Analyze (REQUEST_ID, CODE, MS journal fields)."""
+        ms = (time.perf_counter() - t0) * 1000.0
+        rid = _loggable(request_id)
+        log.info("ModelInfer %s %s %s total=%.1fms", view, rid, code, ms,
+                 extra={"request_id": rid, "code": code, "ms": f"{ms:.1f}"})
 
     @staticmethod
     def _status(error: Exception, view: str) -> status_pb2.Status:

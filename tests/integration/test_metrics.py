@@ -215,3 +215,38 @@ def test_worker_restarts_rejections_and_batches() -> None:
     assert r.get_sample_value("appliance_batch_slots_total") == 8
     assert r.get_sample_value("appliance_engine_busy_seconds_total") == pytest.approx(0.04)
     assert r.get_sample_value("appliance_stage_duration_seconds_bucket", {"stage": "engine", "le": "0.05"}) == 1
+
+
+def test_oip_requests_are_counted_and_logged_including_those_it_refuses_itself(models_dir: Path, caplog) -> None:
+    """Held-out review, session 14: an OIP request refused by the OIP layer (an FP16 input) was missing from
+    appliance_requests_total, and no ModelInfer, successful or not, had a journal line."""
+    import logging
+
+    import numpy as np
+
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+    try:
+        ok = oip.ModelInferRequest(model_name="ct-nodule", id="oip-ok")
+        ok.inputs.add(name="image", datatype="FP32", shape=[1, 1, 256, 256])
+        ok.raw_input_contents.append(np.zeros((1, 1, 256, 256), np.float32).tobytes())
+        fp16 = oip.ModelInferRequest(model_name="ct-nodule", id="oip-fp16")
+        fp16.inputs.add(name="image", datatype="FP16", shape=[1, 1, 256, 256])
+        fp16.raw_input_contents.append(np.zeros((1, 1, 256, 256), np.float16).tobytes())
+        with caplog.at_level(logging.INFO, logger="appliance.serving.oip"), \
+                grpc.insecure_channel(app.target) as channel:
+            stub = oip_grpc.GRPCInferenceServiceStub(channel)
+            stub.ModelInfer(ok, timeout=10)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(fp16, timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        families = scrape(app.app.metrics_address)
+        assert value(families, "appliance_requests", "appliance_requests_total", code="OK") == 1
+        assert value(families, "appliance_requests", "appliance_requests_total", code="INVALID_ARGUMENT") == 1
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ModelInfer ")]
+        assert any("oip-ok OK" in line for line in lines) and any("oip-fp16 INVALID_ARGUMENT" in line
+                                                                  for line in lines), lines
+    finally:
+        app.stop()

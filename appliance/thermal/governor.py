@@ -47,6 +47,7 @@ import math
 from collections import deque
 
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
+from appliance.thermal.plausible import ReadingVote
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
 
 __all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
@@ -92,6 +93,8 @@ class Governor:
         self._lead_then = 0.0  # the die model sensor_delay_s ago, W (what the reading should show now)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
+        self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, c.recover_samples,
+                                 2.0 * c.recover_samples * c.period_s)
         self.sensor_errors = 0
         """Samples rejected so far (missing, implausible or stuck)."""
         self.last_decision = Decision(0.0, 1.0, None, GovernorState.COOL, "start", None, None, None)
@@ -168,7 +171,7 @@ class Governor:
             self._check = FrozenCheck(True)
         if temp is None:
             return self._on_bad_sample(now_s, why, power)
-        return self._on_good_sample(now_s, temp, power, busy, dt)
+        return self._on_good_sample(now_s, temp, power, busy, dt, reference=why != "unconfirmed")
 
     # ------------------------------------------------------------- sampling
     def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:
@@ -256,7 +259,13 @@ class Governor:
             return None, error or "read_error"
         if not math.isfinite(temp_c) or not c.plausible_min_c <= temp_c <= c.plausible_max_c:
             return None, "implausible value"
-        if self._last_good_temp is not None and abs(temp_c - self._last_good_temp) > c.max_jump_c_per_s * c.period_s:
+        believed = self._vote.believed(now_s, float(temp_c))  # a majority of recent readings (docs/thermal.md, 8)
+        if self._last_good_temp is None:
+            if believed:
+                return float(temp_c), ""
+            # the very first reading is used, but is no reference until another agrees; later ones are outvoted
+            return (float(temp_c), "unconfirmed") if self._vote.alone else (None, "implausible: outvoted")
+        if abs(temp_c - self._last_good_temp) > c.max_jump_c_per_s * c.period_s:
             # A jump is believed only once recover_samples readings in a row agree with each other
             # (after a long outage the die may really have moved); until then it is an error.
             prev = self._jump_run[-1] if self._jump_run else None
@@ -267,6 +276,8 @@ class Governor:
                 return None, "implausible jump"
             self._jump_run = []
             return float(temp_c), "jump"  # believed, but suspect until it moves on its own (sensorcheck, point 6)
+        if not believed and not self._vote.alone:  # agrees with the reference, not with most recent readings:
+            return None, "implausible: outvoted"  # a glitch stream that once won; a run of jumps goes on
         self._jump_run = []
         return float(temp_c), ""
 
@@ -274,7 +285,9 @@ class Governor:
     def _on_bad_sample(self, now_s: float, why: str, power: float) -> float:
         c = self.config
         self.sensor_errors += 1
-        self._good_run = 0
+        # a rejected glitch costs a recovering BLIND one good sample, not all of them: a spike every 5 s kept the
+        # governor BLIND for good (held-out review, session 14); a failed read or a stuck verdict starts again
+        self._good_run = max(self._good_run - 1, 0) if why.startswith("implausible") else 0
         if self._error_since is None:
             self._error_since = now_s
         self._hot_since = None
@@ -312,11 +325,13 @@ class Governor:
             return max(duty * (1.0 - c.probe_max_cut), c.min_duty)
         return duty
 
-    def _on_good_sample(self, now_s: float, temp: float, power: float, busy: float | None, dt: float) -> float:
+    def _on_good_sample(self, now_s: float, temp: float, power: float, busy: float | None, dt: float, *,
+                        reference: bool = True) -> float:
         c = self.config
         self._stuck = None
-        self._last_good_t = now_s
-        self._last_good_temp = temp
+        if reference:  # the first reading after start is used once, but is no reference until another agrees
+            self._last_good_t = now_s
+            self._last_good_temp = temp
         headroom = min(max((c.limit_c - temp) / (c.limit_c - c.switch_on_c), 0.0), 1.0)
         if self._state in (GovernorState.BLIND, GovernorState.HOLDING):
             self._good_run += 1

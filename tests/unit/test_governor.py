@@ -330,3 +330,31 @@ def test_a_stuck_verdict_dips_the_duty_so_a_live_sensor_can_show_itself() -> Non
     # the dip answered: the value moves, and BLIND ends after recover_samples
     drive(gov, [48.0, 47.0, 47.0, 47.0, 47.0, 47.0], t0=430, power=300.0)
     assert gov.state is not GovernorState.BLIND
+
+
+@pytest.mark.parametrize("glitch", [-20.0, -15.0, 20.0])
+def test_a_glitch_on_the_first_read_does_not_become_the_reference(glitch: float) -> None:
+    """Held-out review, session 14: a glitch on the first read, then one every 3 s, was the reference for good.
+
+    The true readings (72-73 °C, hot) were "implausible jumps" that never strung five together; with a -20 °C
+    glitch the governor ran full duty on 52 °C and the die sat at the plant's full-load maximum (79.4 °C).
+    """
+    gov = Governor()
+    readings = [72.0 + (t % 2) + (glitch if t % 3 == 0 else 0.0) for t in range(120)]
+    drive(gov, readings, power=450.0, busy=0.9)
+    assert gov.state in (GovernorState.REGULATING, GovernorState.THROTTLING, GovernorState.HOLDING)
+    assert gov.last_decision.temp_c is None or 71.0 <= gov.last_decision.temp_c <= 74.5
+    assert gov.duty < 1.0  # regulating on the true 72-73 °C, not running full duty on a glitch
+
+
+def test_blind_recovers_on_a_sensor_with_an_occasional_spike() -> None:
+    """Held-out review, session 14: after a read outage, a +15 °C spike every 5 s reset BLIND's recovery count each
+    time, and the governor stayed BLIND (0.68 of ideal) for the rest of the run."""
+    cfg = ThermalConfig()
+    gov = Governor(cfg)
+    drive(gov, [72.0] * 30)
+    drive(gov, [None] * 40, t0=30)  # a long outage: BLIND, recover_samples good readings needed
+    assert gov.state is GovernorState.BLIND
+    after = [72.0 + (15.0 if t % 5 == 0 else 0.0) for t in range(30)]
+    drive(gov, after, t0=70)
+    assert gov.state is not GovernorState.BLIND

@@ -52,6 +52,12 @@ from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSet
 
 __all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
 
+#: After the guard has capped the budget this long, the integrator is wound down to the cap. Without it, a fan that
+#: stopped at full load left the integrator above the cap; when the lead term released the guard at 74 °C on a die
+#: still at 75 °C, the duty jumped from 0.11 to 0.48 and the die climbed again: 84 s above 75 °C (held-out review,
+#: session 14). Transient guard hits (noise at guard_c) are shorter and keep the integrator, and so the throughput.
+_GUARD_WINDUP_S = 3.0
+
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
 
@@ -93,6 +99,7 @@ class Governor:
         self._lead_then = 0.0  # the die model sensor_delay_s ago, W (what the reading should show now)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
+        self._guard_run = 0  # consecutive samples the guard capped the budget
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, c.recover_samples,
                                  2.0 * c.recover_samples * c.period_s)
         self.sensor_errors = 0
@@ -433,6 +440,11 @@ class Governor:
             if budget > cap:
                 budget = cap
                 reason = "guard"
+                self._guard_run += 1
+                if self._guard_run >= _GUARD_WINDUP_S / c.period_s:  # a sustained guard: wind the integrator down
+                    self._integral = max(min(self._integral, cap), p_lo)
+        if reason != "guard":
+            self._guard_run = 0
         duty = min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0)
         if self._ramp_cap is not None:
             self._ramp_cap += c.recover_ramp_per_s * dt

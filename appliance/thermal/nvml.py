@@ -22,6 +22,9 @@ __all__ = ["NVML_ERRORS", "NvmlThermometer", "field_value", "nvml_error_kind"]
 
 log = logging.getLogger(__name__)
 
+#: Reads between tries of a power or energy call that said it is unsupported (about 5 min at 1 Hz).
+_SECONDARY_RETRY_READS = 300
+
 _KINDS: dict[str, tuple[str, str]] = {
     "UNINITIALIZED": ("uninitialized", "NVML not initialised (library unloaded?); treated as a read error"),
     "NOT_SUPPORTED": ("not_supported", "query not supported on this GPU: drop that feature"),
@@ -95,6 +98,7 @@ class NvmlThermometer(Thermometer):
         self._temp_fn = "nvmlDeviceGetTemperatureV"
         self._reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         self._dropped: set[str] = set()
+        self._retry_in: dict[str, int] = {}  # power / energy call -> reads until it is tried again
         self._open()
 
     # ----------------------------------------------------------------- setup
@@ -174,19 +178,30 @@ class NvmlThermometer(Thermometer):
         return None, "function_not_found"
 
     def _secondary(self, fn_name: str, scale: float) -> float | None:
-        if fn_name in self._dropped:
+        """Power or energy, or None; a call that says it is unsupported is skipped for a while.
+
+        It is tried again every ``_SECONDARY_RETRY_READS`` reads: one transient NOT_SUPPORTED dropped the measured
+        power for the life of the process (held-out review, session 14).
+        """
+        if self._retry_in.get(fn_name, 0) > 0:
+            self._retry_in[fn_name] -= 1
             return None
         nv = self._nvml
         try:
-            return float(getattr(nv, fn_name)(self._handle)) * scale
+            value = float(getattr(nv, fn_name)(self._handle)) * scale
         except nv.NVMLError as exc:
             kind = nvml_error_kind(exc)
             if kind in _LOST:
                 self._dropped.add("lost")
             elif kind in ("not_supported", "function_not_found", "no_permission"):
-                self._dropped.add(fn_name)
-                log.warning("NVML %s: %s; feature dropped", fn_name, kind)
+                if fn_name not in self._retry_in:
+                    log.warning("NVML %s: %s; skipped, tried again every %d reads", fn_name, kind,
+                                _SECONDARY_RETRY_READS)
+                self._retry_in[fn_name] = _SECONDARY_RETRY_READS
             return None
+        if self._retry_in.pop(fn_name, None) is not None:
+            log.warning("NVML %s answers again", fn_name)
+        return value
 
     def _read_reasons(self) -> int | None:
         nv = self._nvml

@@ -75,6 +75,18 @@ def test_secondary_not_supported_drops_the_feature(code: int) -> None:
     assert nv.calls.count("nvmlDeviceGetPowerUsage") == n  # not polled again
 
 
+def test_a_secondary_call_that_said_not_supported_is_tried_again_later() -> None:
+    """Held-out review, session 14: one transient NOT_SUPPORTED dropped the measured power for good."""
+    nv = FakePynvml(temperature=70)
+    therm = NvmlThermometer(nvml=nv)
+    nv.fail["nvmlDeviceGetPowerUsage"] = 3
+    assert therm.read().power_w is None
+    del nv.fail["nvmlDeviceGetPowerUsage"]
+    powers = [therm.read().power_w for _ in range(400)]
+    assert powers[0] is None and powers[-1] == 100.0
+    assert 250 <= powers.index(100.0) <= 310  # about five minutes of reads at 1 Hz
+
+
 def test_secondary_transient_error_keeps_feature_and_lost_wins() -> None:
     nv = FakePynvml(temperature=70)
     therm = NvmlThermometer(nvml=nv)

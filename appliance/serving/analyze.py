@@ -65,6 +65,7 @@ class FrameAnalysis:
     label: str  # top finding
     scores: dict[str, float]  # label -> probability
     location: tuple[float, float, float] | None  # (row, col, score) in original-frame pixels
+    lossy: bool = False  # the pixels went through lossy compression (FrameInfo.lossy)
 
 
 @dataclass(frozen=True)
@@ -420,7 +421,7 @@ class RequestPath:
         for item in request.items:
             found = self.postprocess(item.outputs or {}, item.frame_info)
             frames.append(FrameAnalysis(item.frame_index, dict(item.outputs or {}), found.label, found.scores,
-                                        found.location))
+                                        found.location, item.frame_info is not None and item.frame_info.lossy))
         items = request.items
         return Analysis(
             request_id=request.request_id,

@@ -138,6 +138,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         for f in a.frames:
             frame = pb.FrameResult(
                 frame_index=f.frame_index,
+                lossy=f.lossy,
                 findings=[
                     pb.Finding(label=f.label, score=f.scores[f.label]),
                     *(pb.Finding(label=k, score=v) for k, v in f.scores.items() if k != f.label),

@@ -490,3 +490,13 @@ def test_health_cli_reports_a_drain_as_warning_not_critical(models_dir, capsys) 
         assert out.startswith("EDGE-APPLIANCE WARNING: ") and "draining" in out, out
     finally:
         app.stop()
+
+
+def test_a_reply_says_which_frames_went_through_lossy_compression(stub, slice_bytes) -> None:
+    """Held-out review, session 14: FrameInfo.lossy never reached the reply, so a client could not tell."""
+    assert not stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10).frames[0].lossy
+    ds = pydicom.dcmread(io.BytesIO(slice_bytes))
+    ds.LossyImageCompression = "01"  # once lossy-compressed, even if stored uncompressed now
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    assert stub.Analyze(pb.AnalyzeRequest(dicom=buf.getvalue()), timeout=10).frames[0].lossy

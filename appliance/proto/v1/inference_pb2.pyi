@@ -45,14 +45,16 @@ class Location(_message.Message):
     def __init__(self, row: _Optional[float] = ..., column: _Optional[float] = ..., score: _Optional[float] = ...) -> None: ...
 
 class FrameResult(_message.Message):
-    __slots__ = ("frame_index", "findings", "location")
+    __slots__ = ("frame_index", "findings", "location", "lossy")
     FRAME_INDEX_FIELD_NUMBER: _ClassVar[int]
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
+    LOSSY_FIELD_NUMBER: _ClassVar[int]
     frame_index: int
     findings: _containers.RepeatedCompositeFieldContainer[Finding]
     location: Location
-    def __init__(self, frame_index: _Optional[int] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., location: _Optional[_Union[Location, _Mapping]] = ...) -> None: ...
+    lossy: bool
+    def __init__(self, frame_index: _Optional[int] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., lossy: _Optional[bool] = ...) -> None: ...
 
 class Model(_message.Message):
     __slots__ = ("name", "version", "precision", "backend", "batch_size")

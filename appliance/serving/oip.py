@@ -224,10 +224,14 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
         """Run one request on the tensor or the DICOM view."""
-        view = await self._view(request.model_name, request.model_version, context)
+        t0 = time.perf_counter()
+        try:
+            view = await self._view(request.model_name, request.model_version, context)
+        except BaseException:  # the abort for an unknown model or version: journalled as well
+            self._journal(_loggable(request.model_name), request.id, "NOT_FOUND", t0)
+            raise
         stats = self._stats[view]
         scratch = _Stats()  # this request's counts: merged into the view's only if it succeeds
-        t0 = time.perf_counter()
         self._next_id += 1
         request_id = request.id or f"oip-{self._next_id}"
         try:
@@ -245,6 +249,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch,
                                                          context.peer())
             response = self._response(request, view, wanted, names, tensors)
+        except asyncio.CancelledError:  # the client went away: journalled, then cancelled as gRPC asks
+            self._journal(view, request_id, "CANCELLED", t0)
+            raise
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
             status = self._status(e, view)
@@ -312,9 +319,11 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         )
         for row, outputs in enumerate(rows):  # finite inputs far outside the model's range can overflow it
             if not all(np.isfinite(value).all() for value in outputs.values()):
-                raise InputError(f"row {row}: the model's outputs are not finite for this input (largest magnitude "
-                                 f"{float(np.abs(array[row]).max()):g}); send inputs in the range the model's "
-                                 "pipeline produces", field=tensor.name)
+                error = InputError(f"row {row}: the model's outputs are not finite for this input (largest "
+                                   f"magnitude {float(np.abs(array[row]).max()):g}); send inputs in the range the "
+                                   "model's pipeline produces", field=tensor.name)
+                error.counted = True  # the request path already counted this request (as OK: the engine ran)
+                raise error
         stats.compute_infer = _Stats.add(stats.compute_infer, time.perf_counter() - t_in)
         stats.inference_count += n
         names = self._output_names(self.tensor_view)

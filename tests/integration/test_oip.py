@@ -371,3 +371,4 @@ def test_an_input_that_overflows_the_model_is_an_error_not_nan_with_ok(served) -
                                          r"magnitude 3e\+38\)") as e:
         asyncio.run(servicer._infer_tensor(tensor_request(x), "t-1", Priority.BATCH, None, _Stats(), "test"))
     assert e.value.field == "image"
+    assert e.value.counted  # the request path counted it already: OIP must not count it a second time (session 14)

@@ -225,11 +225,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
         """Run one request on the tensor or the DICOM view."""
         t0 = time.perf_counter()
-        try:
-            view = await self._view(request.model_name, request.model_version, context)
-        except BaseException:  # the abort for an unknown model or version: journalled as well
+        if self._unknown(request.model_name, request.model_version) is not None:  # journalled before the answer
             self._journal(_loggable(request.model_name), request.id, "NOT_FOUND", t0)
-            raise
+        view = await self._view(request.model_name, request.model_version, context)
         stats = self._stats[view]
         scratch = _Stats()  # this request's counts: merged into the view's only if it succeeds
         self._next_id += 1
@@ -401,18 +399,19 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             outputs.append(("frame_index", "INT32", ()))
         return outputs
 
-    async def _view(self, name: str, version: str, context: Any) -> str:
+    def _unknown(self, name: str, version: str) -> str | None:
+        """Why ``name`` / ``version`` is not served, or None when it is."""
         if name not in self._stats:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"Request for unknown model: '{name}' is not found (served: {', '.join(self._stats)})",
-            )
+            return f"Request for unknown model: '{name}' is not found (served: {', '.join(self._stats)})"
         if version not in ("", self.analyzer.model.version):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"Request for unknown model: '{name}' version {version} is not found "
-                f"(served: {self.analyzer.model.version})",
-            )
+            return (f"Request for unknown model: '{name}' version {version} is not found "
+                    f"(served: {self.analyzer.model.version})")
+        return None
+
+    async def _view(self, name: str, version: str, context: Any) -> str:
+        why = self._unknown(name, version)
+        if why is not None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, why)
         return name
 
     @staticmethod

@@ -38,7 +38,7 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded
 from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.server import _loggable, error_status
+from appliance.serving.server import loggable_id, error_status
 
 if TYPE_CHECKING:
     from appliance.serving.analyze import Analysis, Analyzer
@@ -226,7 +226,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         """Run one request on the tensor or the DICOM view."""
         t0 = time.perf_counter()
         if self._unknown(request.model_name, request.model_version) is not None:  # journalled before the answer
-            self._journal(_loggable(request.model_name), request.id, "NOT_FOUND", t0)
+            self._journal(loggable_id(request.model_name), request.id, "NOT_FOUND", t0)
         view = await self._view(request.model_name, request.model_version, context)
         stats = self._stats[view]
         scratch = _Stats()  # this request's counts: merged into the view's only if it succeeds
@@ -491,7 +491,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     def _journal(view: str, request_id: str, code: str, t0: float) -> None:
         """One log line per ModelInfer, as appliance.v1 writes per Analyze (REQUEST_ID, CODE, MS journal fields)."""
         ms = (time.perf_counter() - t0) * 1000.0
-        rid = _loggable(request_id)
+        rid = loggable_id(request_id)
         log.info("ModelInfer %s %s %s total=%.1fms", view, rid, code, ms,
                  extra={"request_id": rid, "code": code, "ms": f"{ms:.1f}"})
 

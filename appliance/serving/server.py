@@ -27,7 +27,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.analyze import Analysis, RequestPath
 
-__all__ = ["InferenceServicer", "error_status"]
+__all__ = ["InferenceServicer", "error_status", "loggable_id"]
 
 log = logging.getLogger(__name__)
 DOMAIN = "edge-appliance"
@@ -53,7 +53,7 @@ def error_status(error: ApplianceError) -> status_pb2.Status:
     return status_pb2.Status(code=error.code.value[0], message=str(error), details=details)
 
 
-def _loggable(request_id: str) -> str:
+def loggable_id(request_id: str) -> str:
     """The request id if it is valid (printable, <= 64 characters), else "-": never a forged log line."""
     try:
         return validate_request_id(request_id) or "-"
@@ -165,7 +165,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         systemd REQUEST_ID, CODE and MS become journal fields (docs/security.md).
         """
         ms = (self.path.clock.monotonic() - t0) * 1000.0
-        rid = _loggable(analysis.request_id if analysis is not None else request_id)
+        rid = loggable_id(analysis.request_id if analysis is not None else request_id)
         extra = {"request_id": rid, "code": code.name, "ms": f"{ms:.1f}"}
         if analysis is not None:
             log.info("Analyze %s OK uid=%s frames=%d total=%.1fms", rid, self.log_uid(analysis.sop_instance_uid),

@@ -38,7 +38,7 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded
 from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.server import loggable_id, error_status
+from appliance.serving.server import error_status, loggable_id
 
 if TYPE_CHECKING:
     from appliance.serving.analyze import Analysis, Analyzer

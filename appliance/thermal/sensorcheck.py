@@ -188,6 +188,17 @@ class FrozenDetector:
             return None
         return max(list(self._runs)[-8:])
 
+    def _hold_allowance_s(self) -> float:
+        """How much longer than one sample the sensor holds a value even while the die moves, s (point 8).
+
+        The shortest of the last 8 natural unchanged runs: about one sample for a sensor that updates every read,
+        the update period for one that samples and holds (every 10 s: judged stuck half the run, 75.6 °C; held-out
+        review, session 14). Capped at 10 s, so a frozen sensor is still caught within the sensor delay + 10 s.
+        """
+        if len(self._runs) < 8:
+            return 0.0
+        return min(max(min(list(self._runs)[-8:]) - 1.0, 0.0), 10.0)
+
     def _climbed_c(self, span_s: float = 60.0) -> float:
         """How far the reading rose over the ``span_s`` before its last change, °C."""
         if not self._changes:
@@ -309,7 +320,7 @@ class FrozenDetector:
         if expect >= s.stuck_expect_c or probe_fall <= -s.probe_expect_c:
             if self._expect_since is None:
                 self._expect_since = now
-            if now - self._expect_since >= s.sensor_delay_s:
+            if now - self._expect_since >= s.sensor_delay_s + self._hold_allowance_s():
                 judged_fall = self._probe_t is not None or paused and probe_fall <= -s.probe_expect_c
                 why = ("probe changed nothing" if self._probe_t is not None
                        else "dispatch paused, reading did not fall" if judged_fall else "power rose, reading did not")

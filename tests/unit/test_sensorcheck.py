@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.thermal.governor import Governor, GovernorState, ThermalConfig
 from appliance.thermal import plant as tp
+from appliance.thermal.governor import Governor, GovernorState, ThermalConfig
 from appliance.thermal.plant import PRESETS, Fault, SensorParams
 from appliance.thermal.sensorcheck import FrozenDetector, FrozenSettings
 from appliance.thermal.sim import Profile, run_profile

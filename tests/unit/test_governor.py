@@ -346,7 +346,9 @@ def test_a_glitch_on_the_first_read_does_not_become_the_reference(glitch: float)
         gov.update(float(t), reading, 450.0, 0.9)
         if t >= 30 and gov.last_decision.temp_c is not None:
             regulated_on.append(gov.last_decision.temp_c)
-    assert len(regulated_on) >= 60 and all(71.0 <= t <= 74.5 for t in regulated_on)  # the true 72-73 °C, 2 of 3
+    # never on a glitch; on the true 72-73 °C 2 samples of 3 when the glitches are low, and while hot glitches are
+    # interleaved the true readings are disputed (plausible.py: trusting the cooler stream is the unsafe guess)
+    assert len(regulated_on) >= (60 if glitch < 0 else 25) and all(71.0 <= t <= 74.5 for t in regulated_on)
     assert gov.duty < 1.0
 
 
@@ -374,3 +376,20 @@ def test_blind_recovers_on_a_sensor_with_an_occasional_spike() -> None:
     after = [72.0 + (15.0 if t % 5 == 0 else 0.0) for t in range(30)]
     drive(gov, after, t0=70)
     assert gov.state is not GovernorState.BLIND
+
+
+@pytest.mark.parametrize("pattern", ["alternate -11", "every 3rd -10.5"])
+def test_a_cooler_stream_interleaved_with_the_true_one_is_never_the_reading(pattern: str) -> None:
+    """Second held-out review, session 14: a sensor alternating between the die and 11 °C below gave each stream a
+    majority in turn, and the reference slid to the low one whenever the die rose (81.6 °C); a -12 °C glitch every
+    third read became the reference once the die had risen a degree (79.6 °C)."""
+    gov = Governor()
+    used = []
+    for t in range(300):
+        true = 60.0 + min(t, 150) * 0.1 + (t % 2) * 0.5  # a die warming 0.1 °C/s to 75, then steady
+        low = (t % 2 == 0) if pattern == "alternate -11" else (t % 3 == 2)
+        gov.update(float(t), true - (11.0 if pattern == "alternate -11" else 10.5) * low, 450.0, 0.9)
+        if gov.last_decision.temp_c is not None:
+            used.append((t, gov.last_decision.temp_c))
+    late = [v for t, v in used if t >= 20]
+    assert late and min(late) >= 60.0 + 2.0  # never regulated on the cooler stream (its values run 10-11 °C low)

@@ -240,6 +240,19 @@ class _Worker:
         return ("frame", job, info, (time.perf_counter() - t0) * 1000.0, _rss_bytes())
 
 
+#: The worker's oom_score_adj: a decoder, which the daemon replaces, goes before the daemon (whose unit sets -500).
+WORKER_OOM_SCORE_ADJ = 500
+
+
+def _prefer_for_oom() -> None:
+    """Ask the kernel's OOM killer to pick this worker before the daemon (raising it needs no privilege)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(WORKER_OOM_SCORE_ADJ))
+    except OSError:  # not Linux, or /proc read-only: the unit's OOMPolicy=continue still keeps the service
+        pass
+
+
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """Entry point of a worker process (started by the pool's fork server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
@@ -253,6 +266,7 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     Image.MAX_IMAGE_PIXELS = (spec.limits.max_pixels_per_frame + 1) // 2
     if spec.nice > 0:
         os.nice(spec.nice)
+    _prefer_for_oom()
     limit_arenas(WORKER_ARENAS)  # before the decoder starts any thread (appliance.heap)
     keep_heap(spec.heap_keep_bytes)
     worker = _Worker(conn, spec)

@@ -97,6 +97,17 @@ def test_unit_network_and_restart_policy() -> None:
     assert float(timeout[:-1]) >= RANGES["server.grace_s"][1] + 10
 
 
+def test_unit_keeps_the_service_when_a_worker_is_oom_killed_and_allows_the_socket_group() -> None:
+    """Ops review, session 14: the default OOMPolicy=stop would stop the service (and lose every request in
+    flight) when the kernel kills one decoder worker; and chown, needed for server.socket_group, is in
+    @privileged, so a configured socket group exited 78 under the unit's system-call filter."""
+    lines = [line.split("=", 1)[1] for line in UNIT.read_text().splitlines() if line.startswith("SystemCallFilter=")]
+    directives = _directives(UNIT.read_text())
+    assert directives["OOMPolicy"] == ["continue"]
+    deny = next(i for i, v in enumerate(lines) if v.startswith("~") and "@privileged" in v)
+    assert any(v.split() == ["@chown"] for v in lines[deny + 1:])  # allowed again after the deny list
+
+
 def test_sysusers_snippet_matches_the_unit() -> None:
     snippet = (UNIT.parent / "sysusers.d" / "edge-appliance.conf").read_text()
     directives = _directives(UNIT.read_text())

@@ -92,3 +92,19 @@ def test_keep_heap_says_when_libc_is_not_glibc(monkeypatch: pytest.MonkeyPatch,
     with caplog.at_level("INFO", logger="appliance.heap"):
         assert not keep_heap(64 << 20)
     assert "workers.heap_keep_bytes has no effect here" in caplog.text
+
+
+def test_workers_ask_the_oom_killer_to_take_them_before_the_daemon(models_dir: Path) -> None:
+    """Ops review, session 14: the unit's OOMScoreAdjust=-500 was inherited by the workers, so a worker that
+    hoarded memory was no likelier to be killed than the daemon; a worker is replaced, the daemon is not."""
+    from appliance.workers.child import WORKER_OOM_SCORE_ADJ
+
+    app = RunningApp(fake_config(models_dir))
+    try:
+        pids = [p.pid for p in app.app.pool._procs.values()]
+        assert pids
+        for pid in pids:
+            assert int(Path(f"/proc/{pid}/oom_score_adj").read_text()) == WORKER_OOM_SCORE_ADJ
+        assert int(Path("/proc/self/oom_score_adj").read_text()) < WORKER_OOM_SCORE_ADJ
+    finally:
+        app.stop()

@@ -16,7 +16,7 @@
     ├── ManifestError                   (startup only)       model.toml is wrong; names file and key
     │   └── ArtifactIntegrityError      (startup only)       artifact missing or sha256 mismatch; names the file
     ├── EngineError                     (INTERNAL)           recoverable: one batch failed
-    │   └── EngineDeadError             (INTERNAL)           unrecoverable: fail health, let systemd restart
+    │   └── EngineDeadError             (UNAVAILABLE)        unrecoverable: fail health, let systemd restart
     └── BackendUnavailable              (startup only)       a backend's dependencies are missing; names them
 
 Messages name what an operator can fix (the DICOM tag, the config key, the package) and never carry patient
@@ -156,8 +156,13 @@ class EngineError(ApplianceError):
 
 
 class EngineDeadError(EngineError):
-    """The engine cannot run any more batches: fail health and let systemd restart the service."""
+    """The engine cannot run any more batches: fail health and let systemd restart the service.
 
+    UNAVAILABLE, like every other frame left when the engine dies: retryable once the service is back. The frames
+    of the batch that died had INTERNAL, which a retry policy does not retry (ops review, session 14).
+    """
+
+    code = grpc.StatusCode.UNAVAILABLE
     reason = "ENGINE_DEAD"
 
 

@@ -11,6 +11,7 @@ import collections
 import threading
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -343,6 +344,8 @@ def test_dead_engine_answers_everyone_refuses_new_work_and_tells_the_app(fake_ma
     assert h.batcher.step(block=False) is None  # a runs, the engine dies, the loop ends
     assert len(h.dead) == 1
     assert isinstance(a.error, EngineDeadError)
+    # the batch that died is retryable like the rest (ops review, session 14: it was INTERNAL)
+    assert a.error.code is grpc.StatusCode.UNAVAILABLE and a.error.reason == "ENGINE_DEAD"
     assert isinstance(b.error, Unavailable) and b.error.reason == "ENGINE_DEAD"
     assert set(h.answered) == {a, b}
     h.batcher.frame_ready(b.items[0], None, 0.1)  # the worker reports late: the slot is freed

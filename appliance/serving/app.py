@@ -27,7 +27,7 @@ from appliance.clock import Clock, RealClock
 from appliance.config import Config
 from appliance.engines import resolve
 from appliance.engines.base import usable_cores
-from appliance.errors import Unavailable
+from appliance.errors import ConfigError, Unavailable
 from appliance.heap import DAEMON_ARENAS, DAEMON_MAX_BLOCK, keep_heap
 from appliance.manifest import load_manifest
 from appliance.pipeline.loader import load_pipelines
@@ -78,10 +78,12 @@ class App:
             if p.model == self.manifest.name
         }
         self.default_pipeline = config.model.default_pipeline or self.manifest.name
-        if self.default_pipeline not in self.pipelines:
-            raise Unavailable(
+        if self.default_pipeline not in self.pipelines:  # a config error (exit 78), not one a restart can fix
+            key = "model.default_pipeline" if self.pipelines else "model.pipelines_dir"
+            raise ConfigError(
                 f"default pipeline {self.default_pipeline!r} not found in {config.pipelines_dir()} "
-                f"for model {self.manifest.name!r} (config key model.default_pipeline)"
+                f"for model {self.manifest.name!r} (config key {key}; pipelines there for this model: "
+                f"{', '.join(sorted(self.pipelines)) or 'none'})"
             )
         self.limits = dicom.DicomLimits(
             max_bytes=config.server.max_message_bytes,

@@ -27,6 +27,11 @@ def _base(tmp_path: Path, listen: list[str] | None = None) -> str:
     return fake_daemon_toml(tmp_path, listen)
 
 
+def _empty_pipelines_dir(tmp_path: Path) -> str:
+    (tmp_path / "empty").mkdir()
+    return _with("model", f'pipelines_dir = "{tmp_path / "empty"}"')(tmp_path)
+
+
 def _with(section: str, line: str) -> Callable[[Path], str]:
     """A config whose [section] gets ``line``, merged (no second table); a key already there is replaced."""
 
@@ -111,6 +116,9 @@ CASES: list[tuple[str, Callable[[Path], str], str]] = [
     ("TLS without a key", _with("tls", 'listen = ["0.0.0.0:50052"]\ncert_file = "/nonexistent.pem"'), "tls.key_file"),
     ("not TOML", lambda tmp_path: "[server\n", "appliance.toml"),
     ("model missing", _with("model", "name = \"no-such-model\""), "no-such-model/model.toml"),
+    # ops review, session 14: both exited 1 (a restart loop under Restart=on-failure), the second naming the wrong key
+    ("default pipeline unknown", _with("model", 'default_pipeline = "no-such-pipeline"'), "model.default_pipeline"),
+    ("pipelines dir empty", _empty_pipelines_dir, "model.pipelines_dir"),
 ]
 if os.geteuid() == 0:
     CASES.append(("socket dir not ours", _socket_dir_not_ours, "owned by uid 65534"))

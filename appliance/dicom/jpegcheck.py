@@ -66,6 +66,7 @@ class LosslessScan:
     restart_rows: int  # rows per restart interval, 0 for none
     code_lengths: np.ndarray  # (17,) Huffman code length of each SSSS category, 0 where the table has none
     coded_bits: int  # entropy-coded data in bits, stuffed bytes and RSTn markers removed
+    restart_markers: int = 0  # RSTn markers in the entropy-coded data
 
 
 def lossless_scan(frame: bytes) -> LosslessScan | None:
@@ -105,7 +106,7 @@ def lossless_scan(frame: bytes) -> LosslessScan | None:
             precision, _, columns, _ = sof
             if coded is None or table not in tables or not 1 <= predictor <= 7 or not columns or restart % columns:
                 return None
-            return LosslessScan(precision, predictor, point_transform, restart // columns, tables[table], coded)
+            return LosslessScan(precision, predictor, point_transform, restart // columns, tables[table], *coded)
         pos += 2 + length
     return None
 
@@ -133,11 +134,10 @@ def _huffman_tables(segment: bytes) -> dict[int, np.ndarray]:
 
 #: A marker in entropy-coded data: FF followed by anything but a stuffed 00, RSTn or another (fill) FF.
 _MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
-_RST = re.compile(rb"\xff[\xd0-\xd7]")
 
 
-def _coded_bits(frame: bytes, start: int) -> int | None:
-    """Bits of entropy-coded data from ``start`` to the next marker; None unless that marker is EOI (one scan).
+def _coded_bits(frame: bytes, start: int) -> tuple[int, int] | None:
+    """(Bits of entropy-coded data, RSTn markers) from ``start`` to the next marker; None unless it is EOI.
 
     Stuffed zeros, RSTn markers and fill bytes before the marker are not data. Counted with regular expressions
     and ``bytes.count``: a Python loop per FF byte cost 0.1 s per MB (session 14 review).
@@ -147,8 +147,14 @@ def _coded_bits(frame: bytes, start: int) -> int | None:
         return None
     data = frame[start : found.start()]
     fill = len(data) - len(data.rstrip(b"\xff"))
-    removed = data.count(b"\xff\x00") + 2 * len(_RST.findall(data)) + fill
-    return (len(data) - removed) * 8
+    restarts = _restart_markers(data)
+    removed = data.count(b"\xff\x00") + 2 * restarts + fill
+    return (len(data) - removed) * 8, restarts
+
+
+def _restart_markers(data: bytes) -> int:
+    """RSTn markers in entropy-coded data, counted without building a list (a 50 MB flood of them took 1.5 GB)."""
+    return sum(data.count(bytes((0xFF, marker))) for marker in range(0xD0, 0xD8))
 
 
 def lossless_bits_needed(scan: LosslessScan, samples: np.ndarray) -> int | None:
@@ -207,6 +213,10 @@ def lossless_data_lost(frame: bytes, decoded: np.ndarray, bits_stored: int) -> s
     scan = lossless_scan(frame)
     if scan is None or decoded.ndim != 2:
         return None
+    allowed = -(-decoded.shape[0] // scan.restart_rows) - 1 if scan.restart_rows else 0
+    if scan.restart_markers > allowed:  # a flood of RSTn: 25 million of them held a worker 9 s (session 14)
+        return (f"its entropy-coded data holds {scan.restart_markers} restart markers, where its restart interval "
+                f"allows {allowed}")
     tries = [decoded.astype(np.int32) & ((1 << scan.precision) - 1)]
     if decoded.dtype.kind == "i" and bits_stored < scan.precision:  # the codec's samples may not have been
         tries.append(decoded.astype(np.int32) & ((1 << bits_stored) - 1))  # sign-extended: pydicom did it

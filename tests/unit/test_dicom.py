@@ -851,3 +851,29 @@ def test_float_pixel_data_beside_a_rescale_is_refused_as_contradictory(tmp_path)
     ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
     with pytest.raises(DicomError, match=r"Float Pixel Data holds real-world values, but .* contradictory"):
         pipeline.run(parse(to_bytes(ds)), 0, out)
+
+
+def test_a_lossless_restart_interval_that_is_not_whole_rows_is_refused():
+    """Second review, session 14: DRI = 100 on 512 columns decoded to 232,636 wrong pixels without an error
+    (libjpeg-turbo refuses such a stream)."""
+    pixels = _lossless_slice()
+    frame = bytearray(encode_lossless_jpeg(pixels, precision=12, restart_rows=8))
+    dri = frame.index(b"\xff\xdd")
+    frame[dri + 4 : dri + 6] = (100).to_bytes(2, "big")  # 100 samples: not a multiple of the 64 columns
+    with pytest.raises(DicomError, match=r"restart interval \(DRI\) is 100 samples, not a whole number of rows of 64"):
+        parse(to_bytes(_lossless_dataset(bytes(frame), pixels, 12))).decode_frame(0)
+
+
+def test_a_flood_of_restart_markers_is_refused_without_building_a_list():
+    """Second review, session 14: 25 million RST markers before EOI took the bit count to 1.5 GB and 9 s."""
+    pixels = _lossless_slice()
+    frame = encode_lossless_jpeg(pixels, precision=12)
+    flooded = frame[:-2] + b"\xff\xd0" * 200_000 + b"\xff\xd9"
+    tracemalloc.start()
+    try:
+        with pytest.raises(DicomError, match=r"holds 200000 restart markers, where its restart interval allows 0"):
+            parse(to_bytes(_lossless_dataset(flooded, pixels, 12))).decode_frame(0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * len(flooded)  # copies of the frame, not an object per marker

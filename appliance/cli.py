@@ -151,8 +151,12 @@ def _health(args: argparse.Namespace) -> int:
             try:
                 grpc.channel_ready_future(channel).result(timeout=args.timeout)
             except grpc.FutureTimeoutError:
-                print(f"EDGE-APPLIANCE CRITICAL: {args.target} unreachable within {args.timeout:g} s"
-                      f"{_why_unreachable(channel, args)}")
+                why = _why_unreachable(channel, args)
+                if "permission denied" in why.lower():  # this client may not open the socket: the check is wrong
+                    print(f"EDGE-APPLIANCE UNKNOWN: {args.target} refused this client{why} (the unix socket is "
+                          "0660: run the check as a member of its group, systemd/README.md)")
+                    return UNKNOWN
+                print(f"EDGE-APPLIANCE CRITICAL: {args.target} unreachable within {args.timeout:g} s{why}")
                 return CRITICAL
             # types-grpcio-health-checking declares HealthStub without its methods (Check, Watch)
             health: Any = health_pb2_grpc.HealthStub(channel)

@@ -317,3 +317,4 @@ def test_a_regular_file_where_the_socket_goes_is_refused(models_dir, tmp_path: P
 
     with pytest.raises(ConfigError, match="exists and is not a socket"):
         asyncio.run(start())
+

@@ -11,7 +11,7 @@ DRAINING       NOT     NOT                        NOT                   STOPPING
 NOT_SERVING    NOT     NOT                        per governor          STATUS=not serving: ...
 =============  ======  =========================  ====================  ===========================
 
-DEGRADED (throttled, blind, queue over 80 %) is visible in GetStatus and metrics only: soft throttling must
+DEGRADED (throttled, blind, queue over 80 %, overloaded) is visible in GetStatus and metrics only: soft throttling must
 not flip gRPC health (docs/serving.md). A thermal hard stop (governor STOPPED/EMERGENCY) and a dead engine
 are NOT_SERVING.
 """

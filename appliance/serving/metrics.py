@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import platform
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,8 @@ class Metrics(BatchObserver):
         self.windows = {stage: SlidingWindow(window) for stage in self.STAGES}
         self.fill = SlidingWindow(512)
         self._codes: collections.Counter[str] = collections.Counter()
+        # (monotonic time, refused at once): the share of recent requests refused RESOURCE_EXHAUSTED (overload)
+        self._recent: collections.deque[tuple[float, bool]] = collections.deque(maxlen=8192)
         self._lock = threading.Lock()
 
     # BatchObserver ---------------------------------------------------------------------------------------
@@ -221,8 +224,16 @@ class Metrics(BatchObserver):
         self.requests.labels(code_name).inc()
         with self._lock:
             self._codes[code_name] += 1
+            self._recent.append((time.monotonic(), code_name == "RESOURCE_EXHAUSTED"))
         if total_s is not None and code_name == "OK":
             self.observe_stage("total", total_s)
+
+    def refused_recently(self, window_s: float = 60.0) -> tuple[int, int]:
+        """(Requests refused RESOURCE_EXHAUSTED, all requests) finished in the last ``window_s`` seconds."""
+        since = time.monotonic() - window_s
+        with self._lock:
+            recent = [refused for t, refused in self._recent if t >= since]
+        return sum(recent), len(recent)
 
     def status_counts(self) -> dict[str, int]:
         """Return counts of finished requests by status code name."""

@@ -16,13 +16,25 @@ from appliance.workers.pool import PoolStats
 __all__ = ["degraded_reasons", "status_pb"]
 
 
-def degraded_reasons(queue: QueueStats, thermal: ThermalStatus) -> list[str]:
-    """Why a serving service is degraded (empty when healthy): throttled or blind, or the queue over 80 %."""
+#: A serving box that refused at least this share of at least OVERLOAD_MIN requests in the last minute is overloaded.
+OVERLOAD_SHARE, OVERLOAD_MIN = 0.2, 20
+
+
+def degraded_reasons(queue: QueueStats, thermal: ThermalStatus, refused: tuple[int, int] = (0, 0)) -> list[str]:
+    """Why a serving service is degraded (empty when healthy).
+
+    Throttled or blind; the queue over 80 %; or many requests refused at once in the last minute (``refused``:
+    refused RESOURCE_EXHAUSTED, all). The queue's depth at one instant missed an overload in which 193 of 300
+    requests were refused QUEUE_FULL while health said OK (ops review, session 14).
+    """
     reasons = []
     if thermal.degraded:
         reasons.append(f"thermal {thermal.state.lower()}")
     if queue.depth > 0.8 * queue.capacity:
         reasons.append(f"queue over 80% ({queue.depth}/{queue.capacity})")
+    n_refused, n_all = refused
+    if n_all >= OVERLOAD_MIN and n_refused >= OVERLOAD_SHARE * n_all:
+        reasons.append(f"overloaded: {n_refused} of {n_all} requests refused RESOURCE_EXHAUSTED in the last minute")
     return reasons
 
 
@@ -30,7 +42,8 @@ def status_pb(*, state: ServiceState, reason: str, uptime_s: float, model: pb.Mo
               thermal: ThermalStatus, pool: PoolStats, metrics: Metrics, batches: int,
               pipelines: list[str], default_pipeline: str) -> pb.Status:
     """The detailed status; a SERVING service with degraded reasons reports ``DEGRADED``."""
-    reasons = degraded_reasons(queue, thermal) if state == ServiceState.SERVING else [reason]
+    reasons = (degraded_reasons(queue, thermal, metrics.refused_recently()) if state == ServiceState.SERVING
+               else [reason])
     status = pb.Status(
         state="DEGRADED" if state == ServiceState.SERVING and reasons else state.value,
         uptime_s=uptime_s,

@@ -517,3 +517,26 @@ def test_health_cli_for_a_client_the_socket_refuses_is_unknown_not_critical(monk
     assert out.startswith("EDGE-APPLIANCE UNKNOWN: ") and "refused this client" in out, out
     monkeypatch.setattr(cli, "_why_unreachable", lambda channel, args: ": Connection refused")
     assert cli_main(["health", "--target", "unix:/nonexistent/grpc.sock", "--timeout", "0.2"]) == 2
+
+
+def test_status_and_health_say_overloaded_when_many_recent_requests_were_refused(models_dir, capsys) -> None:
+    """Ops review, session 14: 193 of 300 requests refused QUEUE_FULL while `appliance health` said OK, because
+    only the queue's depth at that instant was looked at. A minute with at least a fifth of 20 or more requests
+    refused RESOURCE_EXHAUSTED is DEGRADED, and health says WARNING."""
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+    try:
+        assert cli_main(["health", "--target", app.target]) == 0
+        capsys.readouterr()
+        for code in ["OK"] * 30 + ["RESOURCE_EXHAUSTED"] * 5:  # 5 of 35: busy, not overloaded
+            app.app.metrics.count_request(code)
+        with grpc.insecure_channel(app.target) as ch:
+            assert pb_grpc.InferenceStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5).state == "SERVING"
+            for _ in range(10):  # 15 of 45
+                app.app.metrics.count_request("RESOURCE_EXHAUSTED")
+            status = pb_grpc.InferenceStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+        assert status.state == "DEGRADED"
+        assert any(r.startswith("overloaded: 15 of 45 requests refused") for r in status.degraded_reasons)
+        assert cli_main(["health", "--target", app.target]) == 1
+        assert "WARNING" in capsys.readouterr().out
+    finally:
+        app.stop()

@@ -29,9 +29,10 @@ from appliance.engines import resolve
 from appliance.engines.base import usable_cores
 from appliance.errors import ConfigError, Unavailable
 from appliance.heap import DAEMON_ARENAS, DAEMON_MAX_BLOCK, keep_heap
-from appliance.manifest import load_manifest
+from appliance.manifest import Manifest, load_manifest
 from appliance.pipeline.loader import load_pipelines
 from appliance.pipeline.postprocess import Postprocessor
+from appliance.pipeline.preprocess import Pipeline
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving import access, listen, oip
@@ -72,19 +73,7 @@ class App:
         # model and pipelines: validated now, so a bad config fails before anything binds
         self.manifest = load_manifest(config.models_dir() / config.model.name / "model.toml")
         self.artifact = self.manifest.artifact(config.model.precision or None)
-        self.pipelines = {
-            name: p
-            for name, p in load_pipelines(config.pipelines_dir(), config.models_dir()).items()
-            if p.model == self.manifest.name
-        }
-        self.default_pipeline = config.model.default_pipeline or self.manifest.name
-        if self.default_pipeline not in self.pipelines:  # a config error (exit 78), not one a restart can fix
-            key = "model.default_pipeline" if self.pipelines else "model.pipelines_dir"
-            raise ConfigError(
-                f"default pipeline {self.default_pipeline!r} not found in {config.pipelines_dir()} "
-                f"for model {self.manifest.name!r} (config key {key}; pipelines there for this model: "
-                f"{', '.join(sorted(self.pipelines)) or 'none'})"
-            )
+        self.pipelines, self.default_pipeline = served_pipelines(config, self.manifest)
         self.limits = dicom.DicomLimits(
             max_bytes=config.server.max_message_bytes,
             max_pixels_per_frame=config.dicom.max_pixels_per_frame,
@@ -391,6 +380,23 @@ class App:
     def close(self) -> None:
         """Release what the constructor took (for an App that was never started)."""
         self.arena.close()
+
+
+def served_pipelines(config: Config, manifest: Manifest) -> tuple[dict[str, Pipeline], str]:
+    """The pipelines for ``manifest``'s model in ``pipelines_dir``, and the default one (``appliance doctor`` too).
+
+    Raises ConfigError (exit 78) when the default is not among them, naming ``model.pipelines_dir`` when there is
+    none for the model at all: a restart cannot fix either.
+    """
+    pipelines = {name: p for name, p in load_pipelines(config.pipelines_dir(), config.models_dir()).items()
+                 if p.model == manifest.name}
+    default = config.model.default_pipeline or manifest.name
+    if default not in pipelines:
+        key = "model.default_pipeline" if pipelines else "model.pipelines_dir"
+        raise ConfigError(f"default pipeline {default!r} not found in {config.pipelines_dir()} for model "
+                          f"{manifest.name!r} (config key {key}; pipelines there for this model: "
+                          f"{', '.join(sorted(pipelines)) or 'none'})")
+    return pipelines, default
 
 
 def preprocess_workers(config: Config) -> int:

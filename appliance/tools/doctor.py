@@ -107,6 +107,45 @@ def _synthetic_batch(manifest: Any) -> tuple[np.ndarray, np.ndarray]:
     return batch, np.array([t.has_nodule for t in truths])
 
 
+def check_start_up(config: Any) -> Check:
+    """What ``serve`` checks before it binds (cache directory, free space, UID key): the same errors, no start.
+
+    Ops review, session 14: doctor passed configurations that serve then refused (an unwritable cache directory,
+    too little free space), though operations.md says to run it before a restart.
+    """
+    from appliance.errors import ConfigError
+    from appliance.serving.preflight import preflight
+
+    try:
+        preflight(config)
+    except ConfigError as e:
+        return Check("start-up checks", False, str(e))
+    return Check("start-up checks", True, "cache directory, free space and UID key as serve needs them")
+
+
+def check_configured_backend(config: Any) -> Check:
+    """The configured ``engine.backend`` can run here (``auto`` always can: it falls back to the CPU)."""
+    from appliance.engines import backend_report
+
+    name = config.engine.backend
+    if name in ("auto", "fake"):
+        return Check("configured backend", True, f"engine.backend = {name!r}")
+    why = backend_report().get(name, f"unknown backend {name!r}")
+    return Check("configured backend", why is None, f"engine.backend = {name!r}: {why or 'available'}")
+
+
+def check_pipelines(config: Any, manifest: Any) -> Check:
+    """The pipelines for the model and the default one, as ``serve`` loads them."""
+    from appliance.errors import ApplianceError
+    from appliance.serving.app import served_pipelines
+
+    try:
+        pipelines, default = served_pipelines(config, manifest)
+    except ApplianceError as e:
+        return Check("pipelines", False, str(e))
+    return Check("pipelines", True, f"{', '.join(sorted(pipelines))} (default {default})")
+
+
 def check_model(config: Any) -> tuple[list[Check], Any]:
     """Manifest, artifact integrity, and one batch on the CPU engine."""
     from appliance.engines.onnxruntime import OrtCpuEngine
@@ -233,11 +272,20 @@ def check_thermal(config: Any, manifest: Any, sim: bool, quick: bool) -> Check:
 def run_doctor(args: argparse.Namespace) -> int:
     """Run the checks the flags ask for; print them; return 0 if all pass."""
     from appliance.config import load_config
+    from appliance.errors import ConfigError, ManifestError
 
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except (ConfigError, ManifestError) as e:  # the one line serve would print, and its exit status
+        print(f"[FAIL] configuration: {e}")
+        return 78
     checks = check_runtime() + check_backends()
+    checks.append(check_configured_backend(config))
+    checks.append(check_start_up(config))
     model_checks, manifest = check_model(config)
     checks += model_checks
+    if manifest is not None:
+        checks.append(check_pipelines(config, manifest))
     checks.append(check_thermometer())
     no_gpu = False
     if args.gpu:

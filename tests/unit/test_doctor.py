@@ -68,3 +68,26 @@ def test_doctor_reports_the_strict_jpeg_check_and_names_the_package_when_missing
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import fails as if not installed
     missing = {c.name: c for c in check_backends()}["strict JPEG check"]
     assert not missing.ok and "pip install 'simplejpeg>=1.8'" in missing.detail
+
+
+def test_doctor_refuses_what_serve_would_refuse(tmp_path, capsys) -> None:
+    """Ops review, session 14: doctor exited 0 for an unwritable cache directory, a missing GPU backend and an
+    unknown default pipeline, all of which serve refuses (operations.md says to run doctor before a restart), and
+    printed a traceback for a config key serve names in one line."""
+    bad_key = tmp_path / "bad_key.toml"
+    bad_key.write_text("[engine]\nbogus = 1\n")
+    assert cli_main(["doctor", "--config", str(bad_key)]) == 78
+    out = capsys.readouterr().out
+    assert out.strip().splitlines() == [out.strip()] and "config key engine.bogus" in out
+    (tmp_path / "a_file").write_text("")
+    cases = {
+        "start-up checks": f'[engine]\ncache_dir = "{tmp_path / "a_file" / "cache"}"\n',
+        "configured backend": '[engine]\nbackend = "onnxruntime-cuda"\n',
+        "pipelines": '[model]\ndefault_pipeline = "no-such-pipeline"\n',
+    }
+    for name, text in cases.items():
+        cfg = tmp_path / "cfg.toml"
+        cfg.write_text(text)
+        assert cli_main(["doctor", "--config", str(cfg), "--json"]) == 1, name
+        checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+        assert not checks[name]["ok"], (name, checks[name])

@@ -161,8 +161,10 @@ class ThermalController:
                 self._errors[reading.error] += 1
             duty = self.governor.update(now, reading.temp_c, reading.power_w, busy,
                                         energy_j=reading.energy_j, error=reading.error)
-            if self.governor.last_decision.temp_c is not None:  # the last *good* reading, as documented: status
-                self._temp = self.governor.last_decision.temp_c  # showed 0 °C in HOLDING/BLIND (session 14)
+            # the last good reading itself, as documented: status showed 0 °C in HOLDING/BLIND, and in regulation
+            # the reading plus the governor's lead term (up to 1.4 °C above the sensor; reviews, session 14)
+            if self.governor.last_decision.reading_c is not None:
+                self._temp = self.governor.last_decision.reading_c
         return duty
 
     def tick_safely(self) -> float:

@@ -457,11 +457,13 @@ class Governor:
             duty = max(self._check.probe_cap, c.min_duty)
             reason = "stuck probe"
         state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
-        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp)
+        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp, reading)
 
     def _decide(self, now_s: float, duty: float, budget: float | None, state: GovernorState, reason: str,
-                headroom: float | None, power: float | None, temp: float | None = None) -> float:
+                headroom: float | None, power: float | None, temp: float | None = None,
+                reading: float | None = None) -> float:
         self._duty = duty
         self._state = state
-        self.last_decision = Decision(now_s, duty, budget, state, reason, headroom, temp, power)
+        self.last_decision = Decision(now_s, duty, budget, state, reason, headroom, temp, power,
+                                      temp if reading is None else reading)
         return duty

@@ -213,7 +213,10 @@ class Decision:
     reason: str
     # (limit − reading) / (limit − switch_on), clipped to [0, 1]; None without a good reading.
     headroom: float | None
-    # The reading used, °C (None if it was rejected or missing).
+    # The temperature regulated on, °C: the reading, plus in regulation the lead and unseen-rise terms (None if the
+    # reading was rejected or missing).
     temp_c: float | None
     # Power used by the model, W (measured, from energy, or estimated).
     power_w: float | None
+    # The sensor's reading itself, °C, when it was used (status and metrics show this one).
+    reading_c: float | None = None

@@ -143,3 +143,19 @@ def test_status_keeps_the_last_good_reading_through_failed_reads() -> None:
         seen.add(ctl.governor_state)
         assert ctl.snapshot().temperature_c == good
     assert {GovernorState.HOLDING, GovernorState.BLIND} <= seen
+
+
+def test_status_shows_the_sensor_reading_not_the_governors_lead() -> None:
+    """Second thermal review, session 14: in regulation the status temperature was the reading plus the lead and
+    unseen-rise terms (62.43 °C for a reading of 61 on a load step)."""
+    clock = ManualClock()
+    thermo = SimulatedThermometer(clock, sensor=SensorParams(1.0, "floor", 0.0))  # whole degrees
+    ctl = ThermalController(thermo, clock=clock, busy_source=lambda: 1.0 if clock.monotonic() >= 120 else 0.0)
+    shown = []
+    for _ in range(600):
+        ctl.tick()
+        if ctl.snapshot().temperature_c is not None:
+            shown.append(ctl.snapshot().temperature_c)
+        clock.advance(1.0)
+    assert max(shown) > 60.0  # it regulated (the lead term is non-zero on the way up)
+    assert all(float(t).is_integer() for t in shown), sorted({t for t in shown if not float(t).is_integer()})[:5]

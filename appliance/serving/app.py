@@ -418,8 +418,14 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     app = App(config, notifier=notifier)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    received: list[str] = []  # which signal asked for the stop, for the log line (SIGINT was logged as SIGTERM)
+
+    def on_signal(name: str) -> None:
+        received.append(name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig.name)
     # No live reload: config is read once. An accidental SIGHUP must not take the service down.
     loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP ignored: restart the service to apply config"))
     t0 = time.monotonic()
@@ -431,7 +437,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
         await stop.wait()
     else:
         start.cancel()
-    log.info("SIGTERM: draining (grace %.1f s)", config.server.grace_s)
+    log.info("%s: draining (grace %.1f s)", received[0] if received else "SIGTERM", config.server.grace_s)
     await app.stop()
     log.info("stopped")
     return 0

@@ -65,6 +65,24 @@ def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
     assert pids == {proc.pid}  # NotifyAccess=main
 
 
+def test_sigint_drains_like_sigterm_and_says_which_it_was(tmp_path: Path) -> None:
+    """Ops review, session 14: a SIGINT (Ctrl-C under `make run`) was logged as "SIGTERM: draining"."""
+    port = free_port()
+    with FakeNotifySocket() as notify:
+        proc = _start(_config(tmp_path, port), notify)
+        try:
+            assert notify.wait_for("READY=1", timeout=60), notify.messages()
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-2000:]
+    assert "SIGINT: draining" in text and "SIGTERM: draining" not in text, text[-2000:]
+
+
 def test_hung_engine_stops_the_watchdog(tmp_path: Path) -> None:
     port = free_port()
     with FakeNotifySocket() as notify:

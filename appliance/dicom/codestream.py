@@ -16,11 +16,13 @@ segment header).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pydicom import uid as _uid
 
-__all__ = ["FrameGeometry", "StreamError", "check_frame", "j2k_reversible_levels", "stream_kind"]
+__all__ = ["SOF_MARKERS", "FrameGeometry", "StreamError", "check_frame", "j2k_reversible_levels", "segments",
+           "stream_kind"]
 
 
 class StreamError(ValueError):
@@ -42,7 +44,7 @@ _JPEG = frozenset({_uid.JPEGBaseline8Bit, _uid.JPEGExtended12Bit, _uid.JPEGLossl
 _JPEGLS = frozenset({_uid.JPEGLSLossless, _uid.JPEGLSNearLossless})
 _J2K = frozenset({_uid.JPEG2000Lossless, _uid.JPEG2000, _uid.HTJ2KLossless, _uid.HTJ2KLosslessRPCL, _uid.HTJ2K})
 # SOF markers: C0-C3, C5-C7, C9-CB, CD-CF (C4 DHT, C8 JPG, CC DAC are not frames); F7 is JPEG-LS SOF55.
-_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 # Hierarchical JPEG (DHP, EXP and the differential frames SOF5-7, SOF13-15) is no DICOM JPEG process: its DHP
 # declares a size of its own that the SOF check never sees (a 20 KB frame made a worker map 1.85 GB).
 _HIERARCHICAL = frozenset({0xDE, 0xDF, 0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF})
@@ -138,7 +140,7 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool) -> 
         if marker in _HIERARCHICAL:
             raise StreamError(f"the codestream uses hierarchical JPEG (marker FF{marker:02X}), which no DICOM "
                               "transfer syntax allows")
-        if (ls and marker == 0xF7) or (not ls and marker in _SOF):
+        if (ls and marker == 0xF7) or (not ls and marker in SOF_MARKERS):
             _check_sof(frame, pos, marker, g, ls=ls, lossless=lossless, restart=restart)
             return
         if marker == 0xDD and length >= 4:
@@ -175,27 +177,21 @@ def _check_first_scan(frame: bytes, pos: int, *, ls: bool, restart: int = 0, col
     - JPEG lossless: a restart interval (DRI, in samples) that is not a whole number of rows is refused. The
       predictor restarts mid-row there; pylibjpeg-libjpeg decoded such a stream to wrong pixels without an error
       (232,636 of 262,144 wrong, scored OK), and libjpeg-turbo refuses it (second review, session 14).
-
     - JPEG lossless: a point transform is refused. pylibjpeg-libjpeg decodes it to wrong values (session 14: at
       Pt = 1 a 12-bit slice came out at about twice its values, at Pt >= 2 the maximum everywhere) without an
       error, where libjpeg-turbo decodes the same streams exactly.
     - JPEG-LS under the lossless syntax: NEAR must be 0. NEAR > 0 is near-lossless, which has its own syntax.
     """
     n = len(frame)
-    while pos + 4 <= n and frame[pos] == 0xFF:
-        marker = frame[pos + 1]
-        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            pos += 1 if marker == 0xFF else 2
-            continue
-        (length,) = struct.unpack_from(">H", frame, pos + 2)
+    for marker, at, length in segments(frame, pos):
         if marker == 0xDD and length >= 4:
-            (restart,) = struct.unpack_from(">H", frame, pos + 4)
+            (restart,) = struct.unpack_from(">H", frame, at + 4)
         if marker == 0xDA:
             if not ls and restart and columns and restart % columns:
                 raise StreamError(f"the lossless scan's restart interval (DRI) is {restart} samples, not a whole "
                                   f"number of rows of {columns}: decoders disagree on such a stream")
-            components = frame[pos + 4] if pos + 4 < n else 0
-            after = pos + 5 + 2 * components  # Ns, Ns x (Cs, Td/Ta): then Ss Se Ah/Al, or NEAR ILV Ah/Al
+            components = frame[at + 4] if at + 4 < n else 0
+            after = at + 5 + 2 * components  # Ns, Ns x (Cs, Td/Ta): then Ss Se Ah/Al, or NEAR ILV Ah/Al
             if ls and after < n and frame[after]:
                 raise StreamError(f"the transfer syntax is JPEG-LS lossless, but the scan's NEAR is {frame[after]}: "
                                   "a near-lossless (lossy) stream")
@@ -204,6 +200,22 @@ def _check_first_scan(frame: bytes, pos: int, *, ls: bool, restart: int = 0, col
                                   "which the installed decoder (pylibjpeg-libjpeg) decodes to wrong values: not "
                                   "accepted")
             return
+
+
+def segments(frame: bytes, pos: int) -> Iterator[tuple[int, int, int]]:
+    """(marker, position, length) of each JPEG marker segment from ``pos``.
+
+    Fill bytes and markers without a length are skipped; the walk stops quietly at anything that is not a marker
+    (entropy-coded data) or at the frame's end.
+    """
+    n = len(frame)
+    while pos + 4 <= n and frame[pos] == 0xFF:
+        marker = frame[pos + 1]
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:  # a fill byte; TEM, RSTn, SOI
+            pos += 1 if marker == 0xFF else 2
+            continue
+        (length,) = struct.unpack_from(">H", frame, pos + 2)
+        yield marker, pos, length
         pos += 2 + length
 
 

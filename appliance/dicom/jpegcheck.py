@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from appliance.dicom.codestream import SOF_MARKERS, segments
+
 __all__ = ["LOST_DATA", "LosslessScan", "jpeg_data_lost", "lossless_bits_needed", "lossless_data_lost",
            "lossless_scan"]
 
@@ -53,8 +55,6 @@ _CATEGORY = np.zeros(1 << 16, dtype=np.int64)
 _CATEGORY[1:] = np.floor(np.log2(_MAGNITUDE[1:])).astype(np.int64) + 1
 _NO_CODE = 255  # in a per-frame bits table: this category has no Huffman code
 
-_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-
 
 @dataclass(frozen=True)
 class LosslessScan:
@@ -72,23 +72,15 @@ class LosslessScan:
 def lossless_scan(frame: bytes) -> LosslessScan | None:
     """Read a Huffman-coded lossless (SOF3) JPEG frame of one component and one scan, else None.
 
-    None also when the restart interval is not a whole number of rows (the predictor then restarts mid-row, a
-    layout no DICOM writer uses; such frames keep the decoder's verdict).
+    None also when the restart interval is not a whole number of rows (the predictor then restarts mid-row; the
+    header check refuses such a frame before it is decoded, :mod:`appliance.dicom.codestream`).
     """
-    pos, n = 2, len(frame)
     tables: dict[int, np.ndarray] = {}
     sof: tuple[int, int, int, int] | None = None
     restart = 0
-    while pos + 4 <= n:
-        if frame[pos] != 0xFF:
-            return None
-        marker = frame[pos + 1]
-        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            pos += 1 if marker == 0xFF else 2
-            continue
-        (length,) = struct.unpack_from(">H", frame, pos + 2)
+    for marker, pos, length in segments(frame, 2):
         segment = frame[pos + 4 : pos + 2 + length]
-        if marker in _SOF:
+        if marker in SOF_MARKERS:
             if marker != 0xC3 or len(segment) < 6:
                 return None
             sof = struct.unpack_from(">BHHB", segment)
@@ -107,7 +99,6 @@ def lossless_scan(frame: bytes) -> LosslessScan | None:
             if coded is None or table not in tables or not 1 <= predictor <= 7 or not columns or restart % columns:
                 return None
             return LosslessScan(precision, predictor, point_transform, restart // columns, tables[table], *coded)
-        pos += 2 + length
     return None
 
 

@@ -225,9 +225,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: oip.ModelInferRequest, context: Any) -> oip.ModelInferResponse:
         """Run one request on the tensor or the DICOM view."""
         t0 = time.perf_counter()
-        if self._unknown(request.model_name, request.model_version) is not None:  # journalled before the answer
-            self._journal(loggable_id(request.model_name), request.id, "NOT_FOUND", t0)
-        view = await self._view(request.model_name, request.model_version, context)
+        view = await self._view(request.model_name, request.model_version, context, journal=(request.id, t0))
         stats = self._stats[view]
         scratch = _Stats()  # this request's counts: merged into the view's only if it succeeds
         self._next_id += 1
@@ -399,20 +397,24 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             outputs.append(("frame_index", "INT32", ()))
         return outputs
 
-    def _unknown(self, name: str, version: str) -> str | None:
-        """Why ``name`` / ``version`` is not served, or None when it is."""
-        if name not in self._stats:
-            return f"Request for unknown model: '{name}' is not found (served: {', '.join(self._stats)})"
-        if version not in ("", self.analyzer.model.version):
-            return (f"Request for unknown model: '{name}' version {version} is not found "
-                    f"(served: {self.analyzer.model.version})")
-        return None
+    async def _view(self, name: str, version: str, context: Any, *,
+                    journal: tuple[str, float] | None = None) -> str:
+        """``name`` if it is a served view, else abort NOT_FOUND.
 
-    async def _view(self, name: str, version: str, context: Any) -> str:
-        why = self._unknown(name, version)
-        if why is not None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, why)
-        return name
+        ModelInfer's refusal (``journal``: the client's id and the call's start) gets its journal line first, so
+        the line is there before the client can see the answer.
+        """
+        if name not in self._stats:
+            why = f"Request for unknown model: '{name}' is not found (served: {', '.join(self._stats)})"
+        elif version not in ("", self.analyzer.model.version):
+            why = (f"Request for unknown model: '{name}' version {version} is not found "
+                   f"(served: {self.analyzer.model.version})")
+        else:
+            return name
+        if journal is not None:
+            self._journal(loggable_id(name), journal[0], "NOT_FOUND", journal[1])
+        await context.abort(grpc.StatusCode.NOT_FOUND, why)
+        raise AssertionError("unreachable: abort raises")
 
     @staticmethod
     def _single_input(

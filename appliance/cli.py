@@ -120,6 +120,12 @@ def _cmd_health(args: argparse.Namespace) -> int:
         return UNKNOWN
 
 
+def _rpc_details(error: Exception) -> str:
+    """A gRPC error's details ("" when it has none: a channel-level error may not carry them)."""
+    details = getattr(error, "details", None)
+    return (details() if callable(details) else "") or ""
+
+
 def _why_unreachable(channel: Any, args: argparse.Namespace) -> str:
     """The reason gRPC gives for a channel that never became ready (a refused connection, a failed handshake)."""
     import grpc
@@ -130,7 +136,7 @@ def _why_unreachable(channel: Any, args: argparse.Namespace) -> str:
     try:
         pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=min(args.timeout, 2.0))
     except grpc.RpcError as e:
-        details = (e.details() if hasattr(e, "details") else "") or ""
+        details = _rpc_details(e)
         if args.tls_ca:  # a refused client certificate reads "Socket closed", a wrong CA "Ssl handshake failed"
             return (f": {details or 'no answer'} (over TLS this is most often the handshake: check --tls-ca, "
                     "--tls-cert, --tls-key and their validity dates)")
@@ -164,7 +170,7 @@ def _health(args: argparse.Namespace) -> int:
             status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest(), timeout=args.timeout)
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
-        details = (e.details() if hasattr(e, "details") else "") or ""
+        details = _rpc_details(e)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED):
             print(f"EDGE-APPLIANCE CRITICAL: {args.target}: {code.name}: {details}")
             return CRITICAL

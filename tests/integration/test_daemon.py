@@ -3,11 +3,13 @@ engine progress, SIGTERM drain and exit 0."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -36,26 +38,33 @@ def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) ->
     )
 
 
-def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
-    port = free_port()
+@contextlib.contextmanager
+def _ready(cfg: Path) -> Iterator[tuple[subprocess.Popen[bytes], FakeNotifySocket]]:
+    """A daemon on ``cfg`` that has sent READY=1; killed on the way out if it is still running."""
     with FakeNotifySocket() as notify:
-        proc = _start(_config(tmp_path, port), notify)
+        proc = _start(cfg, notify)
         try:
             assert notify.wait_for("READY=1", timeout=60), notify.messages()
-            assert notify.wait_for(lambda m: m.count("WATCHDOG=1") >= 2, timeout=10)
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-                data = synthetic.to_dicom(synthetic.generate_slice(3, size=512))
-                reply = pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10)
-                assert len(reply.frames) == 1
-            proc.send_signal(signal.SIGHUP)  # no live reload: logged and ignored, never fatal
-            time.sleep(0.5)
-            assert proc.poll() is None
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
+            yield proc, notify
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate(timeout=10)
+
+
+def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
+    port = free_port()
+    with _ready(_config(tmp_path, port)) as (proc, notify):
+        assert notify.wait_for(lambda m: m.count("WATCHDOG=1") >= 2, timeout=10)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            data = synthetic.to_dicom(synthetic.generate_slice(3, size=512))
+            reply = pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=data), timeout=10)
+            assert len(reply.frames) == 1
+        proc.send_signal(signal.SIGHUP)  # no live reload: logged and ignored, never fatal
+        time.sleep(0.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
         messages = notify.messages()
     assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
     assert "STOPPING=1" in messages
@@ -67,17 +76,9 @@ def test_notify_ready_watchdog_stopping_exit0(tmp_path: Path) -> None:
 
 def test_sigint_drains_like_sigterm_and_says_which_it_was(tmp_path: Path) -> None:
     """Ops review, session 14: a SIGINT (Ctrl-C under `make run`) was logged as "SIGTERM: draining"."""
-    port = free_port()
-    with FakeNotifySocket() as notify:
-        proc = _start(_config(tmp_path, port), notify)
-        try:
-            assert notify.wait_for("READY=1", timeout=60), notify.messages()
-            proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=10)
+    with _ready(_config(tmp_path, free_port())) as (proc, _):
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-2000:]
     assert "SIGINT: draining" in text and "SIGTERM: draining" not in text, text[-2000:]
@@ -85,23 +86,17 @@ def test_sigint_drains_like_sigterm_and_says_which_it_was(tmp_path: Path) -> Non
 
 def test_hung_engine_stops_the_watchdog(tmp_path: Path) -> None:
     port = free_port()
-    with FakeNotifySocket() as notify:
-        proc = _start(_config(tmp_path, port, engine_options="hang_after = 0"), notify)
-        try:
-            assert notify.wait_for("READY=1", timeout=60)
-            assert notify.wait_for(lambda m: m.count("WATCHDOG=1") >= 2, timeout=10)
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-                data = synthetic.to_dicom(synthetic.generate_slice(4, size=512))
-                future = pb_grpc.InferenceStub(ch).Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
-                time.sleep(1.5)  # the engine hangs on this batch; pings must stop
-                before = notify.messages().count("WATCHDOG=1")
-                time.sleep(1.5)
-                after = notify.messages().count("WATCHDOG=1")
-                future.cancel()
-            assert after == before, "watchdog kept pinging while the engine was hung"
-        finally:
-            proc.kill()
-            proc.communicate(timeout=10)
+    with _ready(_config(tmp_path, port, engine_options="hang_after = 0")) as (_, notify):
+        assert notify.wait_for(lambda m: m.count("WATCHDOG=1") >= 2, timeout=10)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            data = synthetic.to_dicom(synthetic.generate_slice(4, size=512))
+            future = pb_grpc.InferenceStub(ch).Analyze.future(pb.AnalyzeRequest(dicom=data), timeout=20)
+            time.sleep(1.5)  # the engine hangs on this batch; pings must stop
+            before = notify.messages().count("WATCHDOG=1")
+            time.sleep(1.5)
+            after = notify.messages().count("WATCHDOG=1")
+            future.cancel()
+        assert after == before, "watchdog kept pinging while the engine was hung"
 
 
 @pytest.mark.parametrize("bad", ["[batcher]\nmax_wiat_s = 1\n"])

@@ -165,6 +165,8 @@ class App:
         self._t_start = self.clock.monotonic()
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.fatal: str | None = None  # why the process must end and be restarted (an engine death)
+        self.fatal_event = asyncio.Event()
         self.stages = self._stages()
 
     # ---- used by the request path and the servicers -----------------------------------------------------
@@ -341,10 +343,25 @@ class App:
         return self.batcher.heartbeat
 
     def _engine_dead(self, error: Exception) -> None:
+        """The engine cannot run another batch: NOT_SERVING, and :func:`serve` ends the process to be restarted.
+
+        Waiting for the watchdog to notice left the service down for up to WatchdogSec (30 s) before systemd
+        restarted it (ops review, session 14); an exit is seen at once (Restart=on-failure).
+        """
         loop = self._loop
-        if loop is not None and self.health is not None:
-            health = self.health
-            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(health.set_not_serving(f"engine dead: {error}")))
+        if loop is None:
+            return
+        health = self.health
+        reason = f"engine dead: {error}"
+
+        async def fail() -> None:
+            if health is not None:
+                await health.set_not_serving(reason)
+            if self.fatal is None:
+                self.fatal = reason
+                self.fatal_event.set()
+
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(fail()))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain.
@@ -411,8 +428,12 @@ def _cores_left_by_engine(config: Config) -> int:
     return usable_cores() - config.engine.intra_op_threads
 
 
+#: sysexits.h EX_SOFTWARE: the process ended itself so the service manager restarts it (an engine death).
+EX_RESTART = 70
+
+
 async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
-    """Run the daemon until SIGTERM/SIGINT; drain and return 0."""
+    """Run the daemon until SIGTERM/SIGINT (drain, return 0) or an engine death (drain, return :data:`EX_RESTART`)."""
     # The daemon copies each request's bytes too; a few arenas and large blocks mapped keep its memory bounded
     keep_heap(config.workers.heap_keep_bytes, max_block=DAEMON_MAX_BLOCK, arenas=DAEMON_ARENAS)
     app = App(config, notifier=notifier)
@@ -434,9 +455,18 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     if start in done:
         start.result()  # raise a startup failure (the process exits; workers are daemonic children)
         log.info("serving after %.1f s", time.monotonic() - t0)
-        await stop.wait()
+        waits = {asyncio.create_task(stop.wait()), asyncio.create_task(app.fatal_event.wait())}
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
     else:
         start.cancel()
+    if app.fatal is not None and not received:
+        log.critical("%s: stopping so that the service manager restarts the process (exit %d)", app.fatal,
+                     EX_RESTART)
+        await app.stop()
+        log.info("stopped")
+        return EX_RESTART
     log.info("%s: draining (grace %.1f s)", received[0] if received else "SIGTERM", config.server.grace_s)
     await app.stop()
     log.info("stopped")

@@ -15,6 +15,7 @@ import importlib
 import logging
 import typing
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import msgspec
@@ -97,6 +98,11 @@ def _options_schema(names: tuple[str, ...]) -> type[EngineOptionsSchema]:
     return typing.cast(type[EngineOptionsSchema], merged)
 
 
+def nvidia_device_present() -> bool:
+    """Whether this machine shows an NVIDIA GPU device node (``/dev/nvidia0``...), whatever its driver's state."""
+    return any(p.name[len("nvidia"):].isdigit() for p in Path("/dev").glob("nvidia*"))
+
+
 def backend_report() -> dict[str, str | None]:
     """Return backend name -> None if usable here, else the reason it is not (found by trying)."""
     return {name: _why(name) for name in BACKENDS}
@@ -140,6 +146,7 @@ class AutoEngine(Engine):
         self.classes: dict[str, type[Engine]] = dict(self.options.pop("auto_classes", {}))
         self.chosen: Engine | None = None
         self.skipped: dict[str, str] = {}
+        self.fallback: str | None = None  # set when the CPU was chosen on a machine that shows a GPU
 
     @property
     def backend(self) -> str:
@@ -174,11 +181,25 @@ class AutoEngine(Engine):
                     self.chosen = engine
                     self.artifact = engine.artifact
                     log.info("engine backend auto -> %s (%s)", name, engine.backend)
+                    self._note_fallback(name)
                     return
             self.skipped[name] = reason
             log.warning("engine backend %s skipped: %s", name, reason)
         detail = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
         raise BackendUnavailable(f"no usable engine backend for 'auto' ({detail})")
+
+    def _note_fallback(self, name: str) -> None:
+        """Say loudly when a machine with a GPU ends up on the CPU (a driver late at boot, a broken install).
+
+        Until a restart it serves at CPU speed: the status shows DEGRADED with this reason (ops review, session 14:
+        only one WARNING per skipped backend said so, and the box ran on the CPU for good).
+        """
+        if name != "onnxruntime-cpu" or not self.skipped or not nvidia_device_present():
+            return
+        detail = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
+        self.fallback = f"engine on the CPU although this machine has an NVIDIA GPU ({detail})"
+        log.warning("%s: restart the service once the GPU backend can load (`appliance backends` says why)",
+                    self.fallback)
 
     def warmup(self, runs: int = 2) -> None:
         """The chosen backend's warm-up (TensorRT captures its CUDA graphs there)."""

@@ -199,6 +199,7 @@ class App:
             batches=self.batcher.batches,
             pipelines=sorted(self.pipelines),
             default_pipeline=self.default_pipeline,
+            engine_fallback=getattr(self.engine, "fallback", None),
         )
 
     # ---- lifecycle --------------------------------------------------------------------------------------

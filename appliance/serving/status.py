@@ -20,14 +20,16 @@ __all__ = ["degraded_reasons", "status_pb"]
 OVERLOAD_SHARE, OVERLOAD_MIN = 0.2, 20
 
 
-def degraded_reasons(queue: QueueStats, thermal: ThermalStatus, refused: tuple[int, int] = (0, 0)) -> list[str]:
+def degraded_reasons(queue: QueueStats, thermal: ThermalStatus, refused: tuple[int, int] = (0, 0),
+                     engine: str | None = None) -> list[str]:
     """Why a serving service is degraded (empty when healthy).
 
     Throttled or blind; the queue over 80 %; or many requests refused at once in the last minute (``refused``:
     refused RESOURCE_EXHAUSTED, all). The queue's depth at one instant missed an overload in which 193 of 300
-    requests were refused QUEUE_FULL while health said OK (ops review, session 14).
+    requests were refused QUEUE_FULL while health said OK (ops review, session 14). ``engine``: why the engine
+    runs below what the machine has (``AutoEngine.fallback``).
     """
-    reasons = []
+    reasons = [engine] if engine else []
     if thermal.degraded:
         reasons.append(f"thermal {thermal.state.lower()}")
     if queue.depth > 0.8 * queue.capacity:
@@ -40,10 +42,10 @@ def degraded_reasons(queue: QueueStats, thermal: ThermalStatus, refused: tuple[i
 
 def status_pb(*, state: ServiceState, reason: str, uptime_s: float, model: pb.Model, queue: QueueStats,
               thermal: ThermalStatus, pool: PoolStats, metrics: Metrics, batches: int,
-              pipelines: list[str], default_pipeline: str) -> pb.Status:
+              pipelines: list[str], default_pipeline: str, engine_fallback: str | None = None) -> pb.Status:
     """The detailed status; a SERVING service with degraded reasons reports ``DEGRADED``."""
-    reasons = (degraded_reasons(queue, thermal, metrics.refused_recently()) if state == ServiceState.SERVING
-               else [reason])
+    reasons = (degraded_reasons(queue, thermal, metrics.refused_recently(), engine_fallback)
+               if state == ServiceState.SERVING else [reason])
     status = pb.Status(
         state="DEGRADED" if state == ServiceState.SERVING and reasons else state.value,
         uptime_s=uptime_s,

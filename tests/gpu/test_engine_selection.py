@@ -66,6 +66,26 @@ def test_auto_skips_unavailable_and_failing_backends_with_reasons(caplog) -> Non
     assert out["prob"].shape == (8, 1)
 
 
+@pytest.mark.parametrize("gpu", [True, False])
+def test_auto_on_the_cpu_of_a_machine_with_a_gpu_says_so_loudly(gpu: bool, monkeypatch, caplog) -> None:
+    """Ops review, session 14: a GPU box whose driver came up late fell back to the CPU with one WARNING per
+    skipped backend and then ran at CPU speed for good; nothing in health said so."""
+    import appliance.engines as engines
+
+    monkeypatch.setattr(engines, "nvidia_device_present", lambda: gpu)
+    manifest = load_manifest(MODEL_DIR / "model.toml")
+    engine = AutoEngine(manifest, manifest.artifact(), {
+        "auto_order": ("missing", "onnxruntime-cpu"), "auto_classes": {"missing": _Missing, "onnxruntime-cpu": _Works}})
+    with caplog.at_level("WARNING"):
+        engine.load()
+    if gpu:
+        assert engine.fallback == ("engine on the CPU although this machine has an NVIDIA GPU "
+                                   "(missing: needs libnvinfer.so.10)")
+        assert "restart the service once the GPU backend can load" in caplog.text
+    else:
+        assert engine.fallback is None and "although this machine has" not in caplog.text
+
+
 def test_auto_with_nothing_usable_raises_every_reason() -> None:
     manifest = load_manifest(MODEL_DIR / "model.toml")
     engine = AutoEngine(manifest, manifest.artifact(), {"auto_order": ("missing",), "auto_classes": {

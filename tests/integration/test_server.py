@@ -519,6 +519,33 @@ def test_health_cli_for_a_client_the_socket_refuses_is_unknown_not_critical(monk
     assert cli_main(["health", "--target", "unix:/nonexistent/grpc.sock", "--timeout", "0.2"]) == 2
 
 
+def test_status_and_health_say_degraded_when_auto_fell_back_to_the_cpu_on_a_gpu_machine(models_dir, monkeypatch,
+                                                                                     capsys) -> None:
+    import appliance.engines as engines
+    from appliance.engines.fake import FakeEngine
+
+    monkeypatch.setattr(engines, "nvidia_device_present", lambda: True)
+
+    class Missing(FakeEngine):
+        @classmethod
+        def why_unavailable(cls) -> str | None:
+            return "CUDA driver not loaded"
+
+    app = RunningApp(fake_config(models_dir, engine={"backend": "auto"}), notifier=RecordingNotifier(),
+                     engine_options={"auto_order": ("onnxruntime-cuda", "onnxruntime-cpu"),
+                                     "auto_classes": {"onnxruntime-cuda": Missing, "onnxruntime-cpu": FakeEngine}})
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            status = pb_grpc.InferenceStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+        assert status.state == "DEGRADED"
+        assert status.degraded_reasons == ["engine on the CPU although this machine has an NVIDIA GPU "
+                                           "(onnxruntime-cuda: CUDA driver not loaded)"]
+        assert cli_main(["health", "--target", app.target]) == 1
+        assert "engine on the CPU" in capsys.readouterr().out
+    finally:
+        app.stop()
+
+
 def test_status_and_health_say_overloaded_when_many_recent_requests_were_refused(models_dir, capsys) -> None:
     """Ops review, session 14: 193 of 300 requests refused QUEUE_FULL while `appliance health` said OK, because
     only the queue's depth at that instant was looked at. A minute with at least a fifth of 20 or more requests

@@ -39,6 +39,9 @@ def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engin
                                        ambient_c=sim.ambient_c)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key thermal.sim: {e}") from e
+    if section.sensor == "nvml" and not thermometer.available:  # asked for by name: not a quiet CPU-box default
+        log.warning("thermal.sensor = \"nvml\" but NVML has no reading: %s; %s", thermometer.why_unavailable,
+                    "the engine is paced at the blind duty" if gpu_engine else "no temperature is watched")
     return ThermalController(
         thermometer,
         Governor(section.governor),

@@ -100,9 +100,11 @@ class ThermalController:
         self._above_s = 0.0
         self._throttled_s = 0.0
         self._errors: Counter[str] = Counter()
-        if not self._enabled:
-            log.info("thermal governor %s: %s", "blind" if self._blind_no_sensor else "disabled",
-                     thermometer.why_unavailable)
+        if self._blind_no_sensor:  # a GPU engine without a sensor: paced at the blind duty, worth a WARNING
+            log.warning("thermal governor blind: %s (dispatch paced at the blind duty %.2f until a restart finds "
+                        "the sensor)", thermometer.why_unavailable, self.governor.config.blind_duty)
+        elif not self._enabled:
+            log.info("thermal governor disabled: %s", thermometer.why_unavailable)
 
     @property
     def enabled(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -324,6 +325,29 @@ def test_build_thermal_uses_the_typed_sim_table(tmp_path: Path) -> None:
     assert therm.ambient_c == 30.0  # type: ignore[attr-defined]
     assert therm.sensor.params.delay_s == 2.0  # type: ignore[attr-defined]
     assert controller.governor.config == cfg.thermal.governor
+
+
+@pytest.mark.parametrize(("sensor", "gpu", "warned"), [
+    ("nvml", False, "no temperature is watched"), ("nvml", True, "paced at the blind duty"),
+    ("auto", True, "thermal governor blind"), ("auto", False, None)])
+def test_a_missing_sensor_is_a_warning_when_it_was_asked_for_or_a_gpu_needs_it(
+        sensor: str, gpu: bool, warned: str | None, caplog) -> None:
+    """Ops review, session 14: thermal.sensor = "nvml" without NVML, or a GPU engine without a sensor, logged
+    INFO only. On a CPU box with "auto", no sensor is expected and stays INFO."""
+    from appliance.clock import ManualClock
+    from appliance.serving.app import build_thermal
+    from appliance.thermal.fake_pynvml import FakePynvml
+
+    cfg = load_config(None, {"thermal": {"sensor": sensor}})
+    fake = FakePynvml(device_count=0)
+    with caplog.at_level("INFO"), mock.patch("appliance.thermal.nvml.pynvml", fake):
+        controller = build_thermal(cfg.thermal, ManualClock(), lambda: 0.0, gpu_engine=gpu)
+    assert not controller.enabled
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if warned is None:
+        assert not warnings and "thermal governor disabled" in caplog.text
+    else:
+        assert any(warned in w for w in warnings), caplog.text
 
 
 def test_config_is_frozen() -> None:

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
 from prometheus_client.exposition import start_http_server
 
 from appliance import __version__
@@ -80,6 +89,10 @@ class Metrics(BatchObserver):
     def __init__(self, window: int = 2048) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # the daemon process's own RSS, CPU, open files and start time (process_*), and python_*: a slow leak or
+        # a restart loop shows on them (the alert rules in docs/prometheus/alerts.yml use them)
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(standard)
         self.requests = Counter(
             "appliance_requests", "Analyze requests by final gRPC status code", ["code"], registry=r
         )

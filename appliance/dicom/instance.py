@@ -14,11 +14,12 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.encaps import get_frame
 from pydicom.pixels import get_decoder
-from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless
+from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless, RLELossless
 
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, j2k_reversible_levels, stream_kind
 from appliance.dicom.jpegcheck import jpeg_data_lost, lossless_data_lost
 from appliance.dicom.openjpeg import decode_j2k_grey, decode_j2k_lowpass
+from appliance.dicom.rlecheck import rle_segments_swapped
 from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
 
@@ -173,6 +174,12 @@ class DicomInstance:
             self._check_range(index, arr)
             if stream_kind(self.transfer_syntax_uid) == "jpeg":
                 self._check_lossless(index, frame, arr)
+            elif (self.transfer_syntax_uid == RLELossless and self.samples_per_pixel == 1 and self.bits_allocated == 16
+                  and rle_segments_swapped(frame, self.rows * self.columns, self.bits_stored,
+                                           bool(self.pixel_representation))):
+                raise DicomError(f"{tag_name('PixelData')} frame {index} (RLE Lossless): the segments are in the wrong "
+                                 "order (the low bytes come first; PS3.5 G.2 puts the high bytes first), so every "
+                                 "value would be byte-swapped", field="dicom.PixelData")
         return arr, str(props.get("photometric_interpretation", self.photometric))
 
     def _check_lossless(self, index: int, frame: bytes, arr: np.ndarray) -> None:

@@ -1,0 +1,84 @@
+"""16-bit RLE frames whose byte segments are in the wrong order are refused, not decoded to byte-swapped values.
+
+Held-out review, session 14: pydicom masks RLE samples to Bits Stored, so a 12-bit CT slice with its low-byte segment
+first decoded to in-range noise and was scored (0.71 for 0.9989). appliance/dicom/rlecheck.py, docs/dicom.md "RLE".
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from pydicom.encaps import encapsulate
+from pydicom.uid import RLELossless
+
+from appliance.dicom import parse
+from appliance.dicom.rlecheck import rle_segments_swapped
+from appliance.errors import DicomError
+from appliance.tools import synthetic
+from tests.dicom_testkit import make_dataset, to_bytes
+
+
+def _segment(plane: np.ndarray) -> bytes:
+    """PackBits with literal runs only: valid RLE that every decoder reads (PS3.5 G.3.1)."""
+    data = plane.astype(np.uint8).tobytes()
+    out = b"".join(bytes([len(chunk) - 1]) + chunk for chunk in (data[i:i + 128] for i in range(0, len(data), 128)))
+    return out + b"\x00" * (len(out) % 2)
+
+
+def _frame(first: bytes, second: bytes) -> bytes:
+    header = struct.pack("<16I", 2, 64, 64 + len(first), *([0] * 13))
+    return header + first + second
+
+
+def _file(stored: np.ndarray, *, swap: bool = False, high: np.ndarray | None = None) -> bytes:
+    """An RLE Lossless file of the 16-bit ``stored`` values (Bits Stored 12), segments in order unless ``swap``."""
+    words = stored.view(np.uint16)
+    hi = (words >> 8) if high is None else high
+    lo = words & 0xFF
+    first, second = (_segment(lo), _segment(hi)) if swap else (_segment(hi), _segment(lo))
+    ds = make_dataset(pixels=stored)
+    ds.PixelData = encapsulate([_frame(first, second)])
+    ds.file_meta.TransferSyntaxUID = RLELossless
+    return to_bytes(ds)
+
+
+def _ct(signed: bool = False) -> np.ndarray:
+    values = synthetic.stored_values(synthetic.generate_slice(3, size=256)).astype(np.int32)
+    assert values.max() < 2048 + 1024  # fits 12 bits signed after the shift below
+    return (values - 1024).astype(np.int16) if signed else values.astype(np.uint16)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_an_rle_frame_in_the_right_order_decodes_exactly(signed: bool) -> None:
+    stored = _ct(signed)
+    assert np.array_equal(parse(_file(stored)).decode_frame(0), stored)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_an_rle_frame_with_its_low_bytes_first_is_refused(signed: bool) -> None:
+    stored = _ct(signed)
+    with pytest.raises(DicomError, match=r"frame 0 \(RLE Lossless\): the segments are in the wrong order"):
+        parse(_file(stored, swap=True)).decode_frame(0)
+
+
+def test_overlay_bits_above_bits_stored_are_masked_as_before_not_refused() -> None:
+    """Bits above Bits Stored may hold anything (PS3.5 8.1.1; old overlays): masked, never taken for a swap."""
+    stored = _ct()
+    high = (stored >> 8).astype(np.uint8)
+    high[40:60, :] |= 0x80  # an overlay band: bit 15 set on 8 % of the samples
+    assert np.array_equal(parse(_file(stored, high=high)).decode_frame(0), stored)
+
+
+def test_the_check_decodes_only_the_high_byte_segment_of_an_ordinary_frame(monkeypatch) -> None:
+    import rle.rle
+
+    calls: list[int] = []
+    real = rle.rle.decode_segment
+    monkeypatch.setattr(rle.rle, "decode_segment", lambda data: calls.append(len(data)) or real(data))
+    stored = _ct()
+    words = stored.view(np.uint16)
+    frame = _frame(_segment(words >> 8), _segment(words & 0xFF))
+    assert not rle_segments_swapped(frame, stored.size, 12, False)
+    assert len(calls) == 1

@@ -295,6 +295,10 @@ def _validate(cfg: Config) -> None:
     from appliance.serving.listen import validate_listeners
 
     validate_listeners(cfg)
+    for key, value in (("engine.cache_dir", cfg.engine.cache_dir), ("logging.uid_key_file", cfg.logging.uid_key_file)):
+        if value and not Path(value).is_absolute():  # created if missing: relative to what the service ran in (/)
+            raise ConfigError(f"config key {key}: must be an absolute path, got {value!r} (a relative path would "
+                              "resolve against the service's working directory, / under systemd)")
     if cfg.server.inflight_bytes < cfg.server.max_message_bytes:
         raise ConfigError(f"config key server.inflight_bytes: must be >= server.max_message_bytes "
                           f"({cfg.server.max_message_bytes}), got {cfg.server.inflight_bytes}")

@@ -113,6 +113,10 @@ CASES: list[tuple[str, Callable[[Path], str], str]] = [
     ("unknown engine option", _with("engine", "options = { latency = 0.1 }"), "engine.options.latency"),
     ("cache dir unwritable", _cache_under_a_file, "engine.cache_dir"),
     ("disk full", _full_disk, "engine.cache_dir"),
+    # ops review, session 14: both resolved against the working directory (/ under systemd) and were created there
+    ("cache dir relative", _with("engine", 'cache_dir = "cache"'), "engine.cache_dir: must be an absolute path"),
+    ("UID key file relative", _with("logging", 'uid_key_file = "keys/uid.key"'),
+     "logging.uid_key_file: must be an absolute path"),
     ("TLS without a key", _with("tls", 'listen = ["0.0.0.0:50052"]\ncert_file = "/nonexistent.pem"'), "tls.key_file"),
     ("not TOML", lambda tmp_path: "[server\n", "appliance.toml"),
     ("model missing", _with("model", "name = \"no-such-model\""), "no-such-model/model.toml"),

@@ -35,7 +35,7 @@ from appliance.workers.arena import InputBuffer
 from appliance.workers.channel import Channel
 from appliance.workers.child import WorkerSpec, decode_error
 from appliance.workers.jobqueue import JobQueue
-from appliance.workers.processes import WorkerProcesses, _kill, _scrub, _WorkerLost
+from appliance.workers.processes import WorkerProcesses, _kill, _scrub, _WorkerLost, exit_text
 
 __all__ = ["Job", "PoolStats", "WorkerPool"]
 
@@ -223,7 +223,7 @@ class WorkerPool(WorkerProcesses):
         conn: Channel | None = None
         while not self._stopping:
             if proc is not None and conn is not None and conn.dead():
-                self._retire(index, proc, "crashed", f"exited while idle (exit code {proc.exitcode})")
+                self._retire(index, proc, "crashed", f"exited while idle ({exit_text(proc.exitcode)})")
                 proc = conn = None
             if proc is None or conn is None:
                 try:
@@ -237,7 +237,7 @@ class WorkerPool(WorkerProcesses):
                 break
             try:
                 if conn.dead():  # died while this thread waited for a job (OOM killer, a signal): not the job's fault
-                    self._retire(index, proc, "crashed", f"exited while idle (exit code {proc.exitcode})")
+                    self._retire(index, proc, "crashed", f"exited while idle ({exit_text(proc.exitcode)})")
                     proc, conn = self._respawn_for(index, job)
                 rss = self._run(conn, job)
                 if rss > self.config.recycle_rss_bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,25 @@ __all__ = ["WorkerProcesses"]
 log = logging.getLogger(__name__)
 
 _CONTEXT = multiprocessing.get_context("forkserver")
+
+
+def exit_text(code: int | None) -> str:
+    """How a worker process ended, for a log line: ``killed by SIGKILL``, ``exit code 3``, ...
+
+    Under the forkserver a negative exit code is the signal; 255 is also what ``multiprocessing`` reports when it
+    could not learn the status (the forkserver itself killed, e.g. by a kill of the whole process group), so it
+    says so rather than passing for the worker's own exit (ops review, session 14: a SIGKILL logged as 255).
+    """
+    if code is None:
+        return "exit status not known yet"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code == 255:
+        return "exit code 255 (or killed: the forkserver could not report its status)"
+    return f"exit code {code}"
 # Workers fork from a server that has already imported the decoders: a replacement is ready in milliseconds.
 _CONTEXT.set_forkserver_preload(["appliance.workers.child"])
 
@@ -146,12 +166,12 @@ class WorkerProcesses:
             msg = conn.recv()
         except (EOFError, OSError):
             proc.join(0.2)
-            code = proc.exitcode
+            how = exit_text(proc.exitcode)
             if index is not None:
-                self._retire(index, proc, "crashed", f"exit code {code}")
+                self._retire(index, proc, "crashed", how)
             raise _WorkerLost(
                 "crashed",
-                DicomError(f"decoder failed: the preprocessing worker died on this input (exit code {code})",
+                DicomError(f"decoder failed: the preprocessing worker died on this input ({how})",
                            field="dicom.PixelData"),
             ) from None
         self.last_progress = self.clock.monotonic()

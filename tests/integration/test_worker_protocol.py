@@ -127,7 +127,8 @@ def test_a_forked_child_reads_its_own_memory_figures_not_its_parents() -> None:
 
 
 def test_a_worker_that_dies_while_idle_is_replaced_and_counted_before_the_next_file_reaches_it(
-        models_dir: Path) -> None:
+        models_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="appliance.workers")
     app = RunningApp(fake_config(models_dir, batcher={"preprocess_workers": 2}))
     try:
         with grpc.insecure_channel(app.target) as ch:
@@ -144,8 +145,17 @@ def test_a_worker_that_dies_while_idle_is_replaced_and_counted_before_the_next_f
                 assert len(stub.Analyze(pb.AnalyzeRequest(dicom=data), timeout=30).frames) == 1
             assert pool.restarts == 2
             assert all(p.is_alive() and p not in victims for p in pool._procs.values())
+            assert caplog.text.count("exited while idle (killed by SIGKILL)") == 2, caplog.text
     finally:
         app.stop()
+
+
+def test_a_worker_exit_is_described_for_what_it_was() -> None:
+    from appliance.workers.processes import exit_text
+
+    assert exit_text(-9) == "killed by SIGKILL" and exit_text(-11) == "killed by SIGSEGV"
+    assert exit_text(3) == "exit code 3" and "forkserver could not report" in exit_text(255)
+    assert exit_text(None) == "exit status not known yet"
 
 
 def test_a_file_claimed_larger_than_the_input_buffer_is_an_error_and_the_worker_goes_on(

@@ -30,6 +30,9 @@ Design (``docs/thermal.md``):
   past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
   and the guard keep the commissioned margins.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
+- A believed reading is taken no lower than the recent readings' envelope (carried by the die and heatsink
+  models) less ``fall_margin_c`` (:class:`~appliance.thermal.plausible.FallBound`): a glitch stream a few degrees
+  low, or a reading that stepped down and froze, is not a cool die.
 - The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
   back to the commissioned ``blind_duty`` until ``recover_samples`` good samples (2 after a read outage that
   began at most ``short_outage_s`` ago, with no implausible value in it); a frozen but
@@ -47,7 +50,7 @@ import math
 from collections import deque
 
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
-from appliance.thermal.plausible import ReadingVote
+from appliance.thermal.plausible import FallBound, ReadingVote
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
 
 __all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
@@ -60,6 +63,9 @@ _GUARD_WINDUP_S = 3.0
 
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
+
+#: Reasons for a duty held under the PI's output by a cap (the integrator does not rise behind one).
+_CAPS = frozenset({"recovery ramp", "stuck probe", "suspect jump: hold"})
 
 
 class Governor:
@@ -102,6 +108,8 @@ class Governor:
         self._guard_run = 0  # consecutive samples the guard capped the budget
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
+        self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s)
+        self._sensor_c: float | None = None  # this sample's reading as the sensor gave it (status shows it)
         self.sensor_errors = 0
         """Samples rejected so far (missing, implausible or stuck)."""
         self.last_decision = Decision(0.0, 1.0, None, GovernorState.COOL, "start", None, None, None)
@@ -178,7 +186,17 @@ class Governor:
             self._check = FrozenCheck(True)
         if temp is None:
             return self._on_bad_sample(now_s, why, power)
-        return self._on_good_sample(now_s, temp, power, busy, dt, reference=why != "unconfirmed")
+        self._sensor_c = temp
+        if why == "unconfirmed":
+            return self._on_good_sample(now_s, temp, power, busy, dt, reference=None)
+        # no colder than the recent readings and the models allow (docs/thermal.md, point 9); the bounded value is
+        # also the next jump test's reference, so a glitch let through low does not make the true readings "jumps";
+        # a confirmed jump starts the envelope again (the die really moved during an outage)
+        if why == "jump":
+            self._fall.reset()
+        sink_w, sink_c_per_w = self._frozen.sink_model()
+        bounded = self._fall.bound(now_s, temp, (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w))
+        return self._on_good_sample(now_s, bounded, power, busy, dt, reference=bounded)
 
     # ------------------------------------------------------------- sampling
     def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:
@@ -334,12 +352,16 @@ class Governor:
         return duty
 
     def _on_good_sample(self, now_s: float, temp: float, power: float, busy: float | None, dt: float, *,
-                        reference: bool = True) -> float:
+                        reference: float | None) -> float:
+        """Decide on a believed sample: ``temp`` to regulate on, ``reference`` what the next jump test compares with.
+
+        The first reading after start is used once but is no reference until another agrees (``reference`` None).
+        """
         c = self.config
         self._stuck = None
-        if reference:  # the first reading after start is used once, but is no reference until another agrees
+        if reference is not None:
             self._last_good_t = now_s
-            self._last_good_temp = temp
+            self._last_good_temp = reference
         headroom = min(max((c.limit_c - temp) / (c.limit_c - c.switch_on_c), 0.0), 1.0)
         if self._state in (GovernorState.BLIND, GovernorState.HOLDING):
             self._good_run += 1
@@ -402,19 +424,7 @@ class Governor:
         filtered = self._filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
         self._smooth = (filtered if self._smooth is None
                         else self._smooth + (filtered - self._smooth) * min(dt / 10.0, 1.0))
-        target = c.setpoint_c + self._boost
-        # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
-        self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)
-        ceiling = c.live_boost_c * max(1.0 - self._hits / c.boost_hit_rate, 0.0)
-        step = c.boost_rate_c_per_s * dt
-        if unseen > 0.0:
-            self._boost = 0.0
-        elif self._smooth >= target + 0.75:
-            self._boost = max(self._boost - 5.0 * step, 0.0)
-        elif self._boost > ceiling:
-            self._boost = max(self._boost - step, ceiling)
-        elif self._check.may_raise and self._check.probe_cap is None and target - 1.0 <= self._smooth <= target + 0.25:
-            self._boost = min(self._boost + step, ceiling)
+        self._update_boost(reading, unseen, dt)
         e = c.setpoint_c + self._boost - temp
         e_p = c.setpoint_c + self._boost - filtered
 
@@ -432,6 +442,7 @@ class Governor:
         saturated_hi = self._duty >= 1.0 - 1e-9
         used_allowance = busy is None or busy >= self._duty - c.busy_slack
         may_raise = used_allowance and not saturated_hi and self._check.may_raise
+        before = self._integral
         if di > 0 and may_raise or di < 0 and self._duty > c.min_duty + 1e-9:
             self._integral = min(max(self._integral + di, p_lo), p_hi)
         budget = self._integral + kp * e_p
@@ -446,7 +457,35 @@ class Governor:
                     self._integral = max(min(self._integral, cap), p_lo)
         if reason != "guard":
             self._guard_run = 0
-        duty = min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0)
+        duty, reason = self._capped(min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0), reason, dt)
+        if reason in _CAPS and self._integral > before:
+            # a capped output is a saturated one: integrating up behind the cap wound the budget to full during a
+            # recovery ramp, and the PI then took over at full duty on a die still warming (session 15)
+            self._integral = before
+        state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
+        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp, reading)
+
+    def _update_boost(self, reading: float, unseen: float, dt: float) -> None:
+        """Grow, hold or withdraw the live boost (docs/thermal.md, "Live boost")."""
+        c = self.config
+        target = c.setpoint_c + self._boost
+        # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
+        self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)
+        ceiling = c.live_boost_c * max(1.0 - self._hits / c.boost_hit_rate, 0.0)
+        step = c.boost_rate_c_per_s * dt
+        assert self._smooth is not None
+        if unseen > 0.0:
+            self._boost = 0.0
+        elif self._smooth >= target + 0.75:
+            self._boost = max(self._boost - 5.0 * step, 0.0)
+        elif self._boost > ceiling:
+            self._boost = max(self._boost - step, ceiling)
+        elif self._check.may_raise and self._check.probe_cap is None and target - 1.0 <= self._smooth <= target + 0.25:
+            self._boost = min(self._boost + step, ceiling)
+
+    def _capped(self, duty: float, reason: str, dt: float) -> tuple[float, str]:
+        """Apply the caps on the PI's duty: the recovery ramp, a stuck probe, a suspect jump's hold."""
+        c = self.config
         if self._ramp_cap is not None:
             self._ramp_cap += c.recover_ramp_per_s * dt
             if duty > self._ramp_cap:
@@ -454,16 +493,17 @@ class Governor:
             else:
                 self._ramp_cap = None
         if self._check.probe_cap is not None and duty > self._check.probe_cap:
-            duty = max(self._check.probe_cap, c.min_duty)
-            reason = "stuck probe"
-        state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
-        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp, reading)
+            duty, reason = max(self._check.probe_cap, c.min_duty), "stuck probe"
+        elif self._check.suspect and duty > self._duty:  # a reading that came by a jump never raises the duty
+            duty, reason = max(self._duty, c.min_duty), "suspect jump: hold"
+        return duty, reason
 
     def _decide(self, now_s: float, duty: float, budget: float | None, state: GovernorState, reason: str,
                 headroom: float | None, power: float | None, temp: float | None = None,
                 reading: float | None = None) -> float:
         self._duty = duty
         self._state = state
+        sensor = None if temp is None else self._sensor_c if self._sensor_c is not None else reading
         self.last_decision = Decision(now_s, duty, budget, state, reason, headroom, temp, power,
-                                      temp if reading is None else reading)
+                                      temp if sensor is None else sensor)
         return duty

@@ -82,6 +82,12 @@ class ThermalConfig:
     plausible_max_c: float = 110.0
     # A reading that moves more than this × period_s from the last good one is implausible, °C/s.
     max_jump_c_per_s: float = 10.0
+    # A believed reading is taken at most fall_margin_c below the envelope of the recent readings, which follows the
+    # die and heatsink models and sinks at fall_rate_c_per_s beyond them (docs/thermal.md, point 9): a glitch stream
+    # 8-12 °C low, or a reading that froze low by an ordinary step, no longer reads as a cool die. A real cooling
+    # that the models do not explain (a fan speeding up) is followed at fall_rate_c_per_s.
+    fall_margin_c: float = 2.0
+    fall_rate_c_per_s: float = 0.1
     # Frozen-sensor detector (appliance/thermal/sensorcheck.py, docs/thermal.md). Die rise over the heatsink
     # at p_max_w (P_max · R_jh), °C; commissioning measures it. 10 is the low end of the rated range: a smaller
     # value than the real one only slows detection, a larger one risks false positives.
@@ -154,7 +160,7 @@ class ThermalConfig:
             "limit_c", "kp_cool_w_per_c", "kp_hot_w_per_c", "ti_s", "blind_duty", "hold_s",
             "p_max_w", "max_jump_c_per_s", "die_rise_c", "die_tau_s", "stuck_expect_c", "probe_expect_c",
             "probe_after_s", "probe_rate", "frozen_hold_s", "emergency_s", "period_s", "plausible_max_c", "sink_tau_s",
-            "boost_rate_c_per_s", "boost_hit_rate", "recover_ramp_per_s",
+            "boost_rate_c_per_s", "boost_hit_rate", "recover_ramp_per_s", "fall_margin_c", "fall_rate_c_per_s",
         )
         for name in positive:
             value = getattr(self, name)

@@ -236,6 +236,10 @@ class FrozenDetector:
             return 0.0
         return max(self._total_change_c() - self.UNSEEN_SLACK_C, 0.0)
 
+    def sink_model(self) -> tuple[float, float]:
+        """The heatsink node as low-passed power, W, and °C per W of its change (0 without a heatsink rise)."""
+        return (self._sink or 0.0), self.s.sink_rise_c * self._per_w
+
     def _die_c(self, delta_w: float) -> float:
         return self.s.die_rise_c * delta_w * self._per_w
 

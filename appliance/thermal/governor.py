@@ -91,6 +91,7 @@ class Governor:
         self._blind_cause = ""
         self._stuck: tuple[float, float] | None = None  # (since, duty) while a stuck verdict holds
         self._last_energy: tuple[float, float] | None = None
+        self._power_measured = False  # whether the last sample's power came from NVML (not the duty model)
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.nameplate_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
@@ -210,6 +211,7 @@ class Governor:
             self._last_energy = (now_s, energy_j)
         if power is None and power_w is not None and math.isfinite(power_w) and power_w >= 0:
             power = power_w
+        self._power_measured = power is not None
         if power is None:
             used = self._duty if busy is None else busy
             power = c.p_idle_w + max(0.0, min(used, 1.0)) * self._w_per_duty
@@ -436,7 +438,10 @@ class Governor:
         kp = gain(e_p)
         if self._integral is None:  # bumpless start at the measured power
             used = 1.0 if busy is None else busy
-            base = power if used >= 0.5 else c.p_idle_w + c.blind_duty * w
+            # a start already at the setpoint with no power measured yet (a restart on a hot GPU) assumes the blind
+            # duty, not full power: from full power a restart at 74 °C into full demand passed 75 °C (session 14)
+            guessed = not self._power_measured and temp >= c.setpoint_c
+            base = power if used >= 0.5 and not guessed else c.p_idle_w + c.blind_duty * w
             self._integral = min(max(base - kp * e_p, p_lo), p_hi)
         di = gain(e) / c.ti_s * e * dt
         saturated_hi = self._duty >= 1.0 - 1e-9

@@ -79,6 +79,16 @@ def test_bumpless_start_at_measured_power() -> None:
     assert 0.6 < duty < 0.75
 
 
+def test_a_restart_on_a_hot_gpu_without_a_power_reading_starts_at_the_blind_duty() -> None:
+    """Held-out review, session 14: restarted at 74 °C into full demand with no power measured yet, the PI started
+    from full power and the die passed 75 °C for 3 s. With a measured power the start stays bumpless (above)."""
+    cfg = ThermalConfig(blind_duty=0.45)
+    gov = Governor(cfg)
+    assert gov.update(0.0, 74.0, None, None) <= cfg.blind_duty
+    measured = Governor(cfg)
+    assert measured.update(0.0, 74.0, 500.0, 1.0) > cfg.blind_duty  # a measured full load: bumpless from it
+
+
 def test_integrator_frozen_during_idle() -> None:
     gov = Governor()
     drive(gov, [73.0] * 120, power=450.0, busy=0.9)  # hot: integrator learns a lower budget

@@ -106,6 +106,7 @@ class Governor:
         self._lead_then = 0.0  # the die model sensor_delay_s ago, W (what the reading should show now)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
+        self._jumped_hot = False  # the last rejected jump went up, to the setpoint or above
         self._guard_run = 0  # consecutive samples the guard capped the budget
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
@@ -300,6 +301,7 @@ class Governor:
                 self._jump_run = []
             self._jump_run.append(float(temp_c))
             if len(self._jump_run) < c.recover_samples:
+                self._jumped_hot = temp_c > self._last_good_temp and temp_c >= c.setpoint_c
                 return None, "implausible jump"
             self._jump_run = []
             return float(temp_c), "jump"  # believed, but suspect until it moves on its own (sensorcheck, point 6)
@@ -330,6 +332,8 @@ class Governor:
                                 None, power)
         if self._state is not GovernorState.BLIND and now_s - self._error_since < c.hold_s:
             held = self._duty if self._state is not GovernorState.EMERGENCY else 0.0
+            if why == "implausible jump" and self._jumped_hot:  # if it is real the die is hot: never hold more
+                held = min(held, c.blind_duty)  # than the blind duty (a cool start on low glitches held full duty)
             return self._decide(now_s, held, None, GovernorState.HOLDING, f"{why}: hold", None, power)
         read_failure = not why.startswith("implausible")
         if self._state is not GovernorState.BLIND:

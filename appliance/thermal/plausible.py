@@ -113,12 +113,14 @@ class FallBound:
 
     #: Seconds without a believed reading that count as an outage.
     GAP_S = 10.0
+    #: How far back another reading may confirm a rise of the envelope, s.
+    SUPPORT_S = 6.0
 
     def __init__(self, margin_c: float, rate_c_per_s: float) -> None:
         self.margin_c = margin_c
         self.rate_c_per_s = rate_c_per_s
         self._top: tuple[float, float, tuple[float, float]] | None = None  # (time, envelope °C, models then, W)
-        self._last: deque[tuple[float, float]] = deque(maxlen=2)  # the two readings before, and when
+        self._last: deque[tuple[float, float]] = deque(maxlen=16)  # the readings before, and when
         self._credit = 0.0  # sinking owed since the readings last moved, °C
 
     def reset(self) -> None:
@@ -134,11 +136,13 @@ class FallBound:
         each into °C at the governor's learned full power: the envelope moves with the models' change, and learning
         that figure rescales the change instead of moving the envelope.
         """
-        # the envelope rises only as far as one of the two readings before agrees: one believed spike must not hold
-        # the die low for minutes, and one glitch between two true readings must not stop a rise
-        recent = [v for t, v in self._last if now_s - t <= 3.0]
+        # the envelope rises only as far as another recent reading agrees (within the margin, SUPPORT_S back): one
+        # believed spike must not hold the die low for minutes, and glitches between the true readings must not
+        # stop a rise
+        recent = [v for t, v in self._last if now_s - t <= 3.0][-2:]
         moving = len(recent) < 2 or recent[0] != recent[1]
-        confirmed = min(reading, max(recent)) if recent else None
+        support = [v for t, v in self._last if now_s - t <= self.SUPPORT_S and v >= reading - self.margin_c]
+        confirmed = min(reading, max(support)) if support else None
         self._last.append((now_s, reading))
         if self._top is None:
             self._top = (now_s, reading, model_w)

@@ -187,3 +187,38 @@ def test_a_status_shows_the_sensor_reading_not_the_bounded_one() -> None:
     decision = gov.last_decision
     assert decision.reading_c == 64.0 and decision.temp_c is not None and decision.temp_c > 69.0
     assert gov.state is not GovernorState.COOL
+
+
+def test_a_hot_reading_rejected_as_a_jump_never_holds_more_than_the_blind_duty() -> None:
+    """Held-out review, session 14: restarted on a 74 °C GPU whose first reads were identical low glitches (45 °C),
+    the governor started "cool" at full duty; the true readings were then rejected as jumps and HOLDING kept the
+    full duty for 3 s: up to 5 s above 75 °C. A rejected jump up to the setpoint or above holds at most the blind
+    duty (if it is real the die is hot; if it is a spike it costs one sample of throughput)."""
+    cfg = ThermalConfig(blind_duty=0.45)
+    gov = Governor(cfg)
+    for t, reading in enumerate([45.0, 45.0]):
+        assert gov.update(float(t), reading, 500.0, 1.0) == 1.0  # cool, believed: full duty
+    held = [gov.update(float(t), 74.0, 500.0, 1.0) for t in range(2, 5)]
+    assert gov.last_decision.reason == "implausible jump: hold"
+    assert max(held) <= cfg.blind_duty
+
+
+def test_a_hot_restart_on_low_first_reads_stays_under_the_limit() -> None:
+    """The same in closed loop: rand7-26 at 74 °C under full demand, first two reads 45 °C (8 of 33 plants above)."""
+    row = _row("rand7-26")
+    p = row.plant
+    plant = tp.Plant(p, row.room_c, max_delay_s=row.sensor.delay_s + 40)
+    plant.tj, plant.th = 74.0, 74.0 - p.r_jh * (p.p_max_w - p.p_idle_w)
+    plant._hist.extend([74.0] * plant._hist.maxlen)
+    plant.fan_on, plant.fan, plant.max_tj = True, 0.6, 74.0
+    sensor = tp.Sensor(row.sensor, 1)
+    gov = Governor(row.config())
+    energy, used = 0.0, 0.0
+    for t in range(600):
+        value = sensor.read(plant)
+        power = None if t == 0 else plant.energy_j - energy
+        energy = plant.energy_j
+        duty = gov.update(float(t), 45.0 if t < 2 else value, power, None if t == 0 else used)
+        used = duty
+        plant.advance(1.0, used)
+    assert plant.seconds_above == 0.0 and plant.max_tj < 75.0, (plant.seconds_above, plant.max_tj)

@@ -347,7 +347,7 @@ class App:
         """The engine cannot run another batch: NOT_SERVING, and :func:`serve` ends the process to be restarted.
 
         Waiting for the watchdog to notice left the service down for up to WatchdogSec (30 s) before systemd
-        restarted it (ops review, session 14); an exit is seen at once (Restart=on-failure).
+        restarted it (ops review, session 14); an exit is restarted after RestartSec (Restart=on-failure).
         """
         loop = self._loop
         if loop is None:

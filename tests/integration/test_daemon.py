@@ -84,9 +84,10 @@ def test_sigint_drains_like_sigterm_and_says_which_it_was(tmp_path: Path) -> Non
     assert "SIGINT: draining" in text and "SIGTERM: draining" not in text, text[-2000:]
 
 
-def test_an_engine_death_ends_the_process_so_it_is_restarted_at_once(tmp_path: Path) -> None:
+def test_an_engine_death_ends_the_process_so_it_is_restarted(tmp_path: Path) -> None:
     """Ops review, session 14: after an engine death the daemon sat NOT_SERVING until the watchdog (WatchdogSec,
-    30 s in the unit) ran out. It now drains and exits 70 (EX_SOFTWARE): Restart=on-failure restarts it at once."""
+    30 s in the unit) ran out. It now drains and exits 70 (EX_SOFTWARE): Restart=on-failure restarts it after
+    RestartSec (5 s)."""
     port = free_port()
     with _ready(_config(tmp_path, port, engine_options="dead_after = 0")) as (proc, _):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

@@ -106,11 +106,11 @@ class Governor:
         self._lead_then = 0.0  # the die model sensor_delay_s ago, W (what the reading should show now)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
-        self._jumped_hot = False  # the last rejected jump went up, to the setpoint or above
+        self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
         self._guard_run = 0  # consecutive samples the guard capped the budget
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
-        self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s)
+        self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s, c.period_s)
         self._sensor_c: float | None = None  # this sample's reading as the sensor gave it (status shows it)
         self.sensor_errors = 0
         """Samples rejected so far (missing, implausible or stuck)."""
@@ -194,11 +194,16 @@ class Governor:
         # no colder than the recent readings and the models allow (docs/thermal.md, point 9); the bounded value is
         # also the next jump test's reference, so a glitch let through low does not make the true readings "jumps";
         # a confirmed jump starts the envelope again (the die really moved during an outage)
-        if why == "jump":
-            self._fall.reset()
         sink_w, sink_c_per_w = self._frozen.sink_model()
-        bounded = self._fall.bound(now_s, temp, (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w))
-        return self._on_good_sample(now_s, bounded, power, busy, dt, reference=bounded)
+        models, per_w = (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w)
+        if why == "jump" and (temp > (self._last_good_temp or temp)
+                              or self._fall.modelled_change(models, per_w) <= -self.config.fall_margin_c):
+            # a confirmed jump up, or down while the power fell (the die really cooled during an outage), starts it
+            # again; a run of low glitches confirmed as a jump at steady power must not erase it (session 15 review)
+            self._fall.reset()
+        bounded = self._fall.bound(now_s, temp, models, per_w)
+        # a confirmed jump is the next test's reference itself (or the same reading would be a jump again, for good)
+        return self._on_good_sample(now_s, bounded, power, busy, dt, reference=temp if why == "jump" else bounded)
 
     # ------------------------------------------------------------- sampling
     def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:
@@ -301,7 +306,7 @@ class Governor:
                 self._jump_run = []
             self._jump_run.append(float(temp_c))
             if len(self._jump_run) < c.recover_samples:
-                self._jumped_hot = temp_c > self._last_good_temp and temp_c >= c.setpoint_c
+                self._jumped_hot = temp_c > self._last_good_temp and temp_c >= c.switch_on_c
                 return None, "implausible jump"
             self._jump_run = []
             return float(temp_c), "jump"  # believed, but suspect until it moves on its own (sensorcheck, point 6)
@@ -332,7 +337,7 @@ class Governor:
                                 None, power)
         if self._state is not GovernorState.BLIND and now_s - self._error_since < c.hold_s:
             held = self._duty if self._state is not GovernorState.EMERGENCY else 0.0
-            if why == "implausible jump" and self._jumped_hot:  # if it is real the die is hot: never hold more
+            if why == "implausible jump" and self._jumped_hot:  # if it is real the die is warm: never hold more
                 held = min(held, c.blind_duty)  # than the blind duty (a cool start on low glitches held full duty)
             return self._decide(now_s, held, None, GovernorState.HOLDING, f"{why}: hold", None, power)
         read_failure = not why.startswith("implausible")

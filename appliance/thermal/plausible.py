@@ -111,17 +111,32 @@ class FallBound:
     ordinary step read as a cool die until the stuck check fired: up to 126 s above (held-out reviews, session 14).
     """
 
-    #: Seconds without a believed reading that count as an outage.
-    GAP_S = 10.0
-    #: How far back another reading may confirm a rise of the envelope, s.
-    SUPPORT_S = 6.0
+    #: Control periods without a believed reading that count as an outage.
+    GAP_PERIODS = 10
+    #: How many periods back another reading may confirm a rise of the envelope.
+    SUPPORT_PERIODS = 6
+    #: How many periods back the two readings that say whether the sensor moves may lie.
+    MOVING_PERIODS = 3
 
-    def __init__(self, margin_c: float, rate_c_per_s: float) -> None:
+    def __init__(self, margin_c: float, rate_c_per_s: float, period_s: float = 1.0) -> None:
         self.margin_c = margin_c
         self.rate_c_per_s = rate_c_per_s
+        # windows count periods, not seconds: with a 2 s period a 3 s window never held two readings, the sensor
+        # always "moved", and a reading that froze low wore the envelope away (session 15 review: 11 of 32 plants
+        # above 75 °C at 2 s, 28 at 5 s)
+        self.gap_s = self.GAP_PERIODS * period_s
+        self.support_s = self.SUPPORT_PERIODS * period_s
+        self.moving_s = self.MOVING_PERIODS * period_s
         self._top: tuple[float, float, tuple[float, float]] | None = None  # (time, envelope °C, models then, W)
         self._last: deque[tuple[float, float]] = deque(maxlen=16)  # the readings before, and when
         self._credit = 0.0  # sinking owed since the readings last moved, °C
+
+    def modelled_change(self, model_w: tuple[float, float], c_per_w: tuple[float, float]) -> float:
+        """How far the die and heatsink models moved since the envelope was last updated, °C (0 before any)."""
+        if self._top is None:
+            return 0.0
+        _, _, (die0, sink0) = self._top
+        return c_per_w[0] * (model_w[0] - die0) + c_per_w[1] * (model_w[1] - sink0)
 
     def reset(self) -> None:
         """Forget the envelope: the next reading starts it again."""
@@ -136,12 +151,12 @@ class FallBound:
         each into °C at the governor's learned full power: the envelope moves with the models' change, and learning
         that figure rescales the change instead of moving the envelope.
         """
-        # the envelope rises only as far as another recent reading agrees (within the margin, SUPPORT_S back): one
-        # believed spike must not hold the die low for minutes, and glitches between the true readings must not
-        # stop a rise
-        recent = [v for t, v in self._last if now_s - t <= 3.0][-2:]
+        # the envelope rises only as far as the highest other reading of the last SUPPORT_PERIODS: one believed
+        # spike must not hold the die low for minutes, glitches between the true readings must not stop a rise, and
+        # a die rising faster than the margin per sample still lifts it to the reading before
+        recent = [v for t, v in self._last if now_s - t <= self.moving_s][-2:]
         moving = len(recent) < 2 or recent[0] != recent[1]
-        support = [v for t, v in self._last if now_s - t <= self.SUPPORT_S and v >= reading - self.margin_c]
+        support = [v for t, v in self._last if now_s - t <= self.support_s]
         confirmed = min(reading, max(support)) if support else None
         self._last.append((now_s, reading))
         if self._top is None:
@@ -152,13 +167,13 @@ class FallBound:
         # The envelope sinks only when the readings move: a reading that stepped down and froze must not wear it
         # down, while a quiet sensor that steps down a degree after a still minute gets the minute's sinking (at
         # most the margin at once). Judged on the readings before this one, so the result stays monotone.
-        # An outage (no believed reading for over GAP_S: read errors, BLIND) sinks it in full: nothing was seen to
-        # stand still. A few rejected glitches are no outage.
+        # An outage (no believed reading for over GAP_PERIODS: read errors, BLIND) sinks it in full: nothing was
+        # seen to stand still. A few rejected glitches are no outage.
         dt = max(now_s - t0, 0.0)
         self._credit = min(self._credit + self.rate_c_per_s * dt, self.margin_c)
-        if dt > self.GAP_S:
+        if dt > self.gap_s:
             self._credit += self.rate_c_per_s * dt
-        if moving or dt > self.GAP_S:
+        if moving or dt > self.gap_s:
             carried -= self._credit
             self._credit = 0.0
         self._top = (now_s, carried if confirmed is None else max(carried, confirmed), model_w)

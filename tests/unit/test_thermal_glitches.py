@@ -62,6 +62,31 @@ def test_glitches_between_the_true_readings_do_not_stop_the_envelope_rising() ->
     assert taken >= 71.5  # the last glitch (68) is taken from the envelope two true readings agree on (74), less 2
 
 
+def test_the_fall_bound_counts_control_periods_not_seconds() -> None:
+    """Session 15 review: with a 2 s period the 3 s window never held two readings, the sensor always "moved", and a
+    reading that stepped down and froze wore the envelope away (11 of 32 plants above 75 °C at 2 s, 28 at 5 s)."""
+    fall = FallBound(2.0, 0.1, period_s=2.0)
+    for t in range(0, 10, 2):
+        fall.bound(float(t), 74.0, *NO_MODEL)
+    for t in range(10, 70, 2):
+        taken = fall.bound(float(t), 66.0, *NO_MODEL)
+    assert taken >= 70.5
+
+
+def test_a_run_of_low_glitches_confirmed_as_a_jump_keeps_the_envelope() -> None:
+    """Session 15 review: five glitches in a row passed as a confirmed jump down, which reset the envelope; the glitch
+    became the reference, the true readings were rejected as jumps, and the governor ran COOL at full duty on 59 °C.
+    At steady power a confirmed jump down keeps the envelope (a real one comes with a fall the models show)."""
+    gov = Governor()
+    t = 0
+    for t in range(60):
+        gov.update(float(t), 73.0 + (t % 2), 450.0, 0.8)
+    readings = [60, 60, 73, 60, 60, 60, 61, 59, 60, 61, 60, 73, 61, 60, 59, 61, 60, 61, 73, 60, 61, 59]
+    for t, value in enumerate(readings, start=60):
+        duty = gov.update(float(t), float(value), 450.0, gov.duty)
+        assert duty < 1.0 and gov.state is not GovernorState.COOL, (t, value, gov.last_decision)
+
+
 def test_the_envelope_wears_down_while_the_reading_moves_not_while_it_stands_still() -> None:
     """(A gap without readings wears it down in full: test_governor.py's emergency and stuck-dip tests.)"""
     moving, still = FallBound(2.0, 0.2), FallBound(2.0, 0.2)
@@ -210,6 +235,12 @@ def test_a_hot_reading_rejected_as_a_jump_never_holds_more_than_the_blind_duty()
     held = [gov.update(float(t), 74.0, 500.0, 1.0) for t in range(2, 5)]
     assert gov.last_decision.reason == "implausible jump: hold"
     assert max(held) <= cfg.blind_duty
+    # from the switch-on temperature, not the setpoint (session 15 review: true 72 °C readings rejected as jumps under
+    # a 72.5 °C setpoint kept full duty, 75.16 °C)
+    gov = Governor(cfg)
+    for t, reading in enumerate([45.0, 45.0]):
+        gov.update(float(t), reading, 500.0, 1.0)
+    assert gov.update(2.0, 65.0, 500.0, 1.0) <= cfg.blind_duty
 
 
 def test_a_hot_restart_on_low_first_reads_stays_under_the_limit() -> None:

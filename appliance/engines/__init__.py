@@ -185,8 +185,10 @@ class AutoEngine(Engine):
                     return
             self.skipped[name] = reason
             log.warning("engine backend %s skipped: %s", name, reason)
-        detail = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
-        raise BackendUnavailable(f"no usable engine backend for 'auto' ({detail})")
+        raise BackendUnavailable(f"no usable engine backend for 'auto' ({self._skipped_detail()})")
+
+    def _skipped_detail(self) -> str:
+        return "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
 
     def _note_fallback(self, name: str) -> None:
         """Say loudly when a machine with a GPU ends up on the CPU (a driver late at boot, a broken install).
@@ -196,8 +198,7 @@ class AutoEngine(Engine):
         """
         if name != "onnxruntime-cpu" or not self.skipped or not nvidia_device_present():
             return
-        detail = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
-        self.fallback = f"engine on the CPU although this machine has an NVIDIA GPU ({detail})"
+        self.fallback = f"engine on the CPU although this machine has an NVIDIA GPU ({self._skipped_detail()})"
         log.warning("%s: restart the service once the GPU backend can load (`appliance backends` says why)",
                     self.fallback)
 

@@ -462,13 +462,11 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
             task.cancel()
     else:
         start.cancel()
-    if app.fatal is not None and not received:
-        log.critical("%s: stopping so that the service manager restarts the process (exit %d)", app.fatal,
-                     EX_RESTART)
-        await app.stop()
-        log.info("stopped")
-        return EX_RESTART
-    log.info("%s: draining (grace %.1f s)", received[0] if received else "SIGTERM", config.server.grace_s)
+    code = EX_RESTART if app.fatal is not None and not received else 0
+    if code:
+        log.critical("%s: stopping so that the service manager restarts the process (exit %d)", app.fatal, code)
+    else:
+        log.info("%s: draining (grace %.1f s)", received[0] if received else "SIGTERM", config.server.grace_s)
     await app.stop()
     log.info("stopped")
-    return 0
+    return code

@@ -192,8 +192,7 @@ class Governor:
         if why == "unconfirmed":
             return self._on_good_sample(now_s, temp, power, busy, dt, reference=None)
         # no colder than the recent readings and the models allow (docs/thermal.md, point 9); the bounded value is
-        # also the next jump test's reference, so a glitch let through low does not make the true readings "jumps";
-        # a confirmed jump starts the envelope again (the die really moved during an outage)
+        # also the next jump test's reference, so a glitch let through low does not make the true readings "jumps"
         sink_w, sink_c_per_w = self._frozen.sink_model()
         models, per_w = (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w)
         if why == "jump" and (temp > (self._last_good_temp or temp)
@@ -477,7 +476,7 @@ class Governor:
             # recovery ramp, and the PI then took over at full duty on a die still warming (session 15)
             self._integral = before
         state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
-        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp, reading)
+        return self._decide(now_s, duty, budget, state, reason, headroom, power, temp)
 
     def _update_boost(self, reading: float, unseen: float, dt: float) -> None:
         """Grow, hold or withdraw the live boost (docs/thermal.md, "Live boost")."""
@@ -513,11 +512,10 @@ class Governor:
         return duty, reason
 
     def _decide(self, now_s: float, duty: float, budget: float | None, state: GovernorState, reason: str,
-                headroom: float | None, power: float | None, temp: float | None = None,
-                reading: float | None = None) -> float:
+                headroom: float | None, power: float | None, temp: float | None = None) -> float:
         self._duty = duty
         self._state = state
-        sensor = None if temp is None else self._sensor_c if self._sensor_c is not None else reading
+        # a decision on a good sample (temp set) shows that sample's reading as the sensor gave it
         self.last_decision = Decision(now_s, duty, budget, state, reason, headroom, temp, power,
-                                      temp if sensor is None else sensor)
+                                      self._sensor_c if temp is not None else None)
         return duty

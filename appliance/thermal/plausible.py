@@ -162,8 +162,8 @@ class FallBound:
         if self._top is None:
             self._top = (now_s, reading, model_w)
             return reading
-        t0, env, (die0, sink0) = self._top
-        carried = env + c_per_w[0] * (model_w[0] - die0) + c_per_w[1] * (model_w[1] - sink0)
+        t0, env, _ = self._top
+        carried = env + self.modelled_change(model_w, c_per_w)
         # The envelope sinks only when the readings move: a reading that stepped down and froze must not wear it
         # down, while a quiet sensor that steps down a degree after a still minute gets the minute's sinking (at
         # most the margin at once). Judged on the readings before this one, so the result stays monotone.

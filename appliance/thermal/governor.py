@@ -63,6 +63,8 @@ _GUARD_WINDUP_S = 3.0
 
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
+#: Why a plausible reading was rejected as a glitch (not a failed read, an out-of-range value or a stuck verdict).
+_GLITCH_KINDS = frozenset({"implausible jump", "implausible: outvoted"})
 
 #: Reasons for a duty held under the PI's output by a cap (the integrator does not rise behind one).
 _CAPS = frozenset({"recovery ramp", "stuck probe", "suspect jump: hold"})
@@ -110,7 +112,7 @@ class Governor:
         self._guard_run = 0  # consecutive samples the guard capped the budget
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
-        self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s, c.period_s)
+        self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s, c.period_s, doubt_margin_c=c.fall_doubt_margin_c)
         self._sensor_c: float | None = None  # this sample's reading as the sensor gave it (status shows it)
         self.sensor_errors = 0
         """Samples rejected so far (missing, implausible or stuck)."""
@@ -187,6 +189,8 @@ class Governor:
             self._frozen.skip(now_s, power, self._full_w())  # a gap is not a change (sensorcheck, point 5)
             self._check = FrozenCheck(True)
         if temp is None:
+            if why in _GLITCH_KINDS:
+                self._fall.doubt(now_s)  # the sensor lies now and then: take believed readings closer to the envelope
             return self._on_bad_sample(now_s, why, power)
         self._sensor_c = temp
         if why == "unconfirmed":
@@ -321,7 +325,7 @@ class Governor:
         # a rejected glitch costs a recovering BLIND one good sample, not all of them: a spike every 5 s kept the
         # governor BLIND for good (held-out review, session 14); a failed read or a stuck verdict starts again
         # (an out-of-range value, 255 °C or NaN, is a failing sensor rather than a glitch: it starts again too)
-        self._good_run = max(self._good_run - 1, 0) if why in ("implausible jump", "implausible: outvoted") else 0
+        self._good_run = max(self._good_run - 1, 0) if why in _GLITCH_KINDS else 0
         if self._error_since is None:
             self._error_since = now_s
         self._hot_since = None

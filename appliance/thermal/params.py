@@ -88,6 +88,9 @@ class ThermalConfig:
     # that the models do not explain (a fan speeding up) is followed at fall_rate_c_per_s.
     fall_margin_c: float = 2.0
     fall_rate_c_per_s: float = 0.1
+    # The margin for a while after a reading was rejected as a glitch (a jump, or outvoted), °C (fall_margin_c if
+    # that is smaller): a sensor caught lying gets less benefit of the doubt (half the reads 6 °C low, session 16).
+    fall_doubt_margin_c: float = 0.5
     # Frozen-sensor detector (appliance/thermal/sensorcheck.py, docs/thermal.md). Die rise over the heatsink
     # at p_max_w (P_max · R_jh), °C; commissioning measures it. 10 is the low end of the rated range: a smaller
     # value than the real one only slows detection, a larger one risks false positives.
@@ -170,6 +173,8 @@ class ThermalConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"ThermalConfig.{name} must lie in [0, 1], got {value!r}")
+        if not (math.isfinite(self.fall_doubt_margin_c) and self.fall_doubt_margin_c >= 0.0):
+            raise ValueError(f"ThermalConfig.fall_doubt_margin_c must be >= 0, got {self.fall_doubt_margin_c!r}")
         if not 0.0 < self.guard_factor <= 1.0:
             raise ValueError(f"ThermalConfig.guard_factor must lie in (0, 1], got {self.guard_factor!r}")
         if self.min_duty > self.blind_duty:

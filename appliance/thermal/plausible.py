@@ -109,7 +109,15 @@ class FallBound:
     mean down: 27 of 33 plants above 75 °C, up to 115 s; three glitches 12 °C low in a row became the jump
     reference, and the true readings were then rejected as jumps (77.9 °C). A reading that froze 6-9 °C low by an
     ordinary step read as a cool die until the stuck check fired: up to 126 s above (held-out reviews, session 14).
+
+    A sensor that has just been caught lying (:meth:`doubt`: a reading rejected as a jump or outvoted) gets the
+    smaller ``doubt_margin_c`` for ``DOUBT_PERIODS``: with half the reads 6 °C low, the glitches that were believed
+    were taken 2 °C under the die, and a run of them read as a cooling die the PI answered with more duty (16 of 33
+    plants above 75 °C, up to 21 s, 76.1 °C; session 16). Either margin leaves the result monotone in the reading.
     """
+
+    #: Control periods after a rejected reading during which the smaller margin applies.
+    DOUBT_PERIODS = 60
 
     #: Control periods without a believed reading that count as an outage.
     GAP_PERIODS = 10
@@ -118,8 +126,10 @@ class FallBound:
     #: How many periods back the two readings that say whether the sensor moves may lie.
     MOVING_PERIODS = 3
 
-    def __init__(self, margin_c: float, rate_c_per_s: float, period_s: float = 1.0) -> None:
+    def __init__(self, margin_c: float, rate_c_per_s: float, period_s: float = 1.0, *,
+                 doubt_margin_c: float | None = None) -> None:
         self.margin_c = margin_c
+        self.doubt_margin_c = margin_c if doubt_margin_c is None else min(doubt_margin_c, margin_c)
         self.rate_c_per_s = rate_c_per_s
         # windows count periods, not seconds: with a 2 s period a 3 s window never held two readings, the sensor
         # always "moved", and a reading that froze low wore the envelope away (session 15 review: 11 of 32 plants
@@ -127,9 +137,20 @@ class FallBound:
         self.gap_s = self.GAP_PERIODS * period_s
         self.support_s = self.SUPPORT_PERIODS * period_s
         self.moving_s = self.MOVING_PERIODS * period_s
+        self.doubt_s = self.DOUBT_PERIODS * period_s
         self._top: tuple[float, float, tuple[float, float]] | None = None  # (time, envelope °C, models then, W)
         self._last: deque[tuple[float, float]] = deque(maxlen=16)  # the readings before, and when
         self._credit = 0.0  # sinking owed since the readings last moved, °C
+        self._doubted: float | None = None  # when a reading was last rejected as a glitch
+
+    def doubt(self, now_s: float) -> None:
+        """A reading read at ``now_s`` was rejected as a glitch: use the smaller margin for a while."""
+        self._doubted = now_s
+
+    def margin(self, now_s: float) -> float:
+        """How far under the envelope a reading read at ``now_s`` may be taken, °C."""
+        doubting = self._doubted is not None and now_s - self._doubted <= self.doubt_s
+        return self.doubt_margin_c if doubting else self.margin_c
 
     def modelled_change(self, model_w: tuple[float, float], c_per_w: tuple[float, float]) -> float:
         """How far the die and heatsink models moved since the envelope was last updated, °C (0 before any)."""
@@ -139,7 +160,7 @@ class FallBound:
         return c_per_w[0] * (model_w[0] - die0) + c_per_w[1] * (model_w[1] - sink0)
 
     def reset(self) -> None:
-        """Forget the envelope: the next reading starts it again."""
+        """Forget the envelope: the next reading starts it again (a doubt about the sensor stays)."""
         self._top = None
         self._last.clear()
         self._credit = 0.0
@@ -170,11 +191,12 @@ class FallBound:
         # An outage (no believed reading for over GAP_PERIODS: read errors, BLIND) sinks it in full: nothing was
         # seen to stand still. A few rejected glitches are no outage.
         dt = max(now_s - t0, 0.0)
-        self._credit = min(self._credit + self.rate_c_per_s * dt, self.margin_c)
+        margin = self.margin(now_s)
+        self._credit = min(self._credit + self.rate_c_per_s * dt, margin)
         if dt > self.gap_s:
             self._credit += self.rate_c_per_s * dt
         if moving or dt > self.gap_s:
             carried -= self._credit
             self._credit = 0.0
         self._top = (now_s, carried if confirmed is None else max(carried, confirmed), model_w)
-        return max(reading, carried - self.margin_c)
+        return max(reading, carried - margin)

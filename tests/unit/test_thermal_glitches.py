@@ -101,16 +101,44 @@ def test_the_envelope_wears_down_while_the_reading_moves_not_while_it_stands_sti
     assert 70.5 <= still.bound(65.0, 66.0, *NO_MODEL) <= 72.0
 
 
+def test_a_sensor_caught_lying_gets_the_smaller_margin_for_a_while() -> None:
+    """Session 16: with half the reads 6 °C low, the believed glitches were taken 2 °C under the die; a run of them
+    read as a cooling die and the PI answered with more duty (16 of 33 plants above 75 °C, up to 21 s)."""
+    trusted, doubted = FallBound(2.0, 0.1, doubt_margin_c=0.5), FallBound(2.0, 0.1, doubt_margin_c=0.5)
+    for t in range(10):
+        trusted.bound(float(t), 74.0 + (t % 2), *NO_MODEL)
+        doubted.bound(float(t), 74.0 + (t % 2), *NO_MODEL)
+    doubted.doubt(9.5)  # the governor rejected a reading (a jump, or outvoted)
+    assert trusted.bound(10.0, 68.0, *NO_MODEL) <= 73.0
+    assert doubted.bound(10.0, 68.0, *NO_MODEL) >= 74.4
+    # the doubt lapses DOUBT_PERIODS after the last rejected reading
+    later = 9.5 + FallBound.DOUBT_PERIODS + 1.0
+    for t in range(11, int(later)):
+        doubted.bound(float(t), 74.0 + (t % 2), *NO_MODEL)
+    assert doubted.bound(later, 68.0, *NO_MODEL) <= 73.0
+
+
+def test_the_doubt_margin_never_exceeds_the_margin() -> None:
+    assert FallBound(0.3, 0.1, doubt_margin_c=0.5).doubt_margin_c == 0.3
+    assert ThermalConfig(fall_margin_c=0.3).fall_doubt_margin_c == 0.5  # the default does not refuse a small margin
+    with pytest.raises(ValueError, match="fall_doubt_margin_c"):
+        ThermalConfig(fall_doubt_margin_c=-1.0)
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(40.0, 90.0), min_size=1, max_size=30), st.floats(40.0, 90.0), st.floats(0.0, 10.0))
-def test_the_bound_never_decreases_as_the_reading_rises(history: list[float], reading: float, up: float) -> None:
-    fall = FallBound(2.0, 0.2)
+@given(st.lists(st.floats(40.0, 90.0), min_size=1, max_size=30), st.floats(40.0, 90.0), st.floats(0.0, 10.0),
+       st.booleans())
+def test_the_bound_never_decreases_as_the_reading_rises(history: list[float], reading: float, up: float,
+                                                       doubted: bool) -> None:
+    fall = FallBound(2.0, 0.2, doubt_margin_c=0.5)
+    fall2 = FallBound(2.0, 0.2, doubt_margin_c=0.5)
     for t, value in enumerate(history):
         fall.bound(float(t), value, *NO_MODEL)
-    cold = fall.bound(float(len(history)), reading, *NO_MODEL)
-    fall2 = FallBound(2.0, 0.2)
-    for t, value in enumerate(history):
         fall2.bound(float(t), value, *NO_MODEL)
+    if doubted:
+        fall.doubt(len(history) - 0.5)
+        fall2.doubt(len(history) - 0.5)
+    cold = fall.bound(float(len(history)), reading, *NO_MODEL)
     hot = fall2.bound(float(len(history)), reading + up, *NO_MODEL)
     assert cold >= reading and hot >= cold
 
@@ -184,6 +212,17 @@ def _glitches(rate: float, offset: float) -> Read:
 ])
 def test_a_stream_of_low_glitches_does_not_heat_the_die(plant: str, rate: float, offset: float) -> None:
     above, hottest, _ = _closed_loop(_row(plant), _glitches(rate, offset))
+    assert above == 0.0 and hottest < 75.0, (above, hottest)
+
+
+@pytest.mark.parametrize(("plant", "seed"), [
+    ("rand7-12", 3),  # 21 s above, 76.1 °C
+    ("rand7-26", 4),  # 6 s above, 75.4 °C
+])
+def test_half_the_reads_a_little_low_does_not_heat_the_die(plant: str, seed: int) -> None:
+    """Half the reads 6 °C low, under the jump test and the vote's tolerance: runs of glitches read as cooling."""
+    rng = random.Random(seed)
+    above, hottest, _ = _closed_loop(_row(plant), lambda t, value: (value - 6.0 if rng.random() < 0.5 else value, None))
     assert above == 0.0 and hottest < 75.0, (above, hottest)
 
 

@@ -191,14 +191,15 @@ class Governor:
         if temp is None:
             if why in _GLITCH_KINDS:
                 self._fall.doubt(now_s)  # the sensor lies now and then: take believed readings closer to the envelope
+            if why == "implausible: outvoted" and temp_c is not None:
+                self._fall.observe(now_s, float(temp_c), *self._models())  # the hotter stream is the safe one
             return self._on_bad_sample(now_s, why, power)
         self._sensor_c = temp
         if why == "unconfirmed":
             return self._on_good_sample(now_s, temp, power, busy, dt, reference=None)
         # no colder than the recent readings and the models allow (docs/thermal.md, point 9); the bounded value is
         # also the next jump test's reference, so a glitch let through low does not make the true readings "jumps"
-        sink_w, sink_c_per_w = self._frozen.sink_model()
-        models, per_w = (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w)
+        models, per_w = self._models()
         if why == "jump" and (temp > (self._last_good_temp or temp)
                               or self._fall.modelled_change(models, per_w) <= -self.config.fall_margin_c):
             # a confirmed jump up, or down while the power fell (the die really cooled during an outage), starts it
@@ -207,6 +208,11 @@ class Governor:
         bounded = self._fall.bound(now_s, temp, models, per_w)
         # a confirmed jump is the next test's reference itself (or the same reading would be a jump again, for good)
         return self._on_good_sample(now_s, bounded, power, busy, dt, reference=temp if why == "jump" else bounded)
+
+    def _models(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The die (delayed) and heatsink models as low-passed power, W, and °C per W of each (for the fall bound)."""
+        sink_w, sink_c_per_w = self._frozen.sink_model()
+        return (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w)
 
     # ------------------------------------------------------------- sampling
     def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:

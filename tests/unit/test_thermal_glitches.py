@@ -118,6 +118,27 @@ def test_a_sensor_caught_lying_gets_the_smaller_margin_for_a_while() -> None:
     assert doubted.bound(later, 68.0, *NO_MODEL) <= 73.0
 
 
+def test_readings_outvoted_by_a_glitch_majority_still_raise_the_envelope() -> None:
+    """Session 16: with 60 % of reads 12 °C low the true readings were the outvoted ones, and an envelope built from
+    the believed glitches alone lifted nothing (3 of 33 plants above 75 °C)."""
+    fall = FallBound(2.0, 0.1, doubt_margin_c=0.5)
+    taken = 0.0
+    for t in range(20):
+        if t % 5 in (1, 3):  # the die, outvoted
+            fall.observe(float(t), 72.0, *NO_MODEL)
+        else:  # the glitch stream, believed
+            fall.doubt(t - 0.5)
+            taken = fall.bound(float(t), 60.0, *NO_MODEL)
+    assert taken >= 71.0
+    spikes = FallBound(2.0, 0.1, doubt_margin_c=0.5)
+    for t in range(40):
+        if t % 5 == 0:
+            spikes.observe(float(t), 84.0, *NO_MODEL)  # a spike every 5 s, outvoted: no stream, the envelope stays
+        else:
+            taken = spikes.bound(float(t), 72.0, *NO_MODEL)
+    assert taken == 72.0
+
+
 def test_the_doubt_margin_never_exceeds_the_margin() -> None:
     assert FallBound(0.3, 0.1, doubt_margin_c=0.5).doubt_margin_c == 0.3
     assert ThermalConfig(fall_margin_c=0.3).fall_doubt_margin_c == 0.5  # the default does not refuse a small margin
@@ -223,6 +244,15 @@ def test_half_the_reads_a_little_low_does_not_heat_the_die(plant: str, seed: int
     """Half the reads 6 °C low, under the jump test and the vote's tolerance: runs of glitches read as cooling."""
     rng = random.Random(seed)
     above, hottest, _ = _closed_loop(_row(plant), lambda t, value: (value - 6.0 if rng.random() < 0.5 else value, None))
+    assert above == 0.0 and hottest < 75.0, (above, hottest)
+
+
+@pytest.mark.parametrize(("plant", "seed"), [("rand7-20", 4), ("rand7-22", 4)])  # 3.3 s, 75.2 °C; 3 s, 75.4 °C
+def test_a_glitch_stream_that_is_the_majority_does_not_heat_the_die(plant: str, seed: int) -> None:
+    """60 % of reads 12 °C low: the glitches win the vote, so the true readings are the ones rejected."""
+    rng = random.Random(seed)
+    above, hottest, _ = _closed_loop(_row(plant),
+                                     lambda t, value: (value - 12.0 if rng.random() < 0.6 else value, None))
     assert above == 0.0 and hottest < 75.0, (above, hottest)
 
 

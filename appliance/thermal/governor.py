@@ -32,7 +32,9 @@ Design (``docs/thermal.md``):
 - A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
 - A believed reading is taken no lower than the recent readings' envelope (carried by the die and heatsink
   models) less ``fall_margin_c`` (:class:`~appliance.thermal.plausible.FallBound`): a glitch stream a few degrees
-  low, or a reading that stepped down and froze, is not a cool die.
+  low, or a reading that stepped down and froze, is not a cool die. After a reading is rejected as a glitch the
+  margin is ``fall_doubt_margin_c`` for a while, and a stream of outvoted readings (the die, when the glitches
+  are the majority) raises the envelope too.
 - The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
   back to the commissioned ``blind_duty`` until ``recover_samples`` good samples (2 after a read outage that
   began at most ``short_outage_s`` ago, with no implausible value in it); a frozen but

@@ -173,8 +173,6 @@ class ThermalConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"ThermalConfig.{name} must lie in [0, 1], got {value!r}")
-        if not (math.isfinite(self.fall_doubt_margin_c) and self.fall_doubt_margin_c >= 0.0):
-            raise ValueError(f"ThermalConfig.fall_doubt_margin_c must be >= 0, got {self.fall_doubt_margin_c!r}")
         if not 0.0 < self.guard_factor <= 1.0:
             raise ValueError(f"ThermalConfig.guard_factor must lie in (0, 1], got {self.guard_factor!r}")
         if self.min_duty > self.blind_duty:
@@ -191,7 +189,7 @@ class ThermalConfig:
         if not self.plausible_min_c < self.switch_on_c:
             raise ValueError("ThermalConfig.plausible_min_c must be below switch_on_c")
         for name in ("sensor_delay_s", "sink_rise_c", "reading_filter_s", "short_outage_s", "stuck_dip_every_s",
-                     "stuck_dip_s"):
+                     "stuck_dip_s", "fall_doubt_margin_c"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"ThermalConfig.{name} must be >= 0, got {value!r}")

@@ -159,14 +159,19 @@ class Pipeline:
         return any(isinstance(s.params, Resize) and s.params.jpeg2000_lowpass for s in self.steps)
 
     def _lowpass_band(self, inst: DicomInstance, frame: int) -> np.ndarray | None:
-        """The frame's low-pass band when this pipeline takes it and the frame has one at >= the model's size.
+        """The frame's low-pass band when this pipeline takes it and the band suits the model's size.
 
-        Colour frames and a Modality LUT Sequence (a table indexed by stored value, which a band's averaged
-        values are not) always decode in full. So does a frame the half-resolution decoder fails on: the
-        transfer syntax's own decoder then decides, with its own error, whether the frame is usable.
+        The band must be the model's size exactly (a frame of twice its rows and columns, the case the model was
+        validated on) or at least twice it in both dimensions; in between, resizing the band by a factor under 2
+        is not the contract's area mean of the full frame (docs/dicom.md). Colour frames and a Modality LUT
+        Sequence (a table indexed by stored value, which a band's averaged values are not) always decode in full.
+        So does a frame the half-resolution decoder fails on: the transfer syntax's own decoder then decides,
+        with its own error, whether the frame is usable.
         """
         h, w = self.input_shape[-2:]
-        if (not self.jpeg2000_lowpass or inst.rows < 2 * h or inst.columns < 2 * w
+        exact = inst.rows == 2 * h and inst.columns == 2 * w
+        large = inst.rows >= 4 * h and inst.columns >= 4 * w
+        if (not self.jpeg2000_lowpass or not (exact or large)
                 or inst.photometric not in ("MONOCHROME1", "MONOCHROME2") or inst.modality_lut is not None):
             return None
         try:

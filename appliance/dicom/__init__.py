@@ -4,6 +4,7 @@
 - :mod:`.pixels`: the image pixel module, cross-checked against itself and the pixel data length;
 - :mod:`.instance`: the validated :class:`DicomInstance`, which decodes one frame at a time;
 - :mod:`.codestream`: JPEG, JPEG-LS, JPEG 2000 and RLE headers checked before any decoder runs;
+- :mod:`.streamend`: where a frame's codestream ends, so that no second codestream hides after it;
 - :mod:`.syntaxes`: one decoder plugin per transfer syntax, and the tag names in every message.
 
 The public names are re-exported here: ``from appliance.dicom import parse, DicomInstance``.

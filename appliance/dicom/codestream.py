@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from pydicom import uid as _uid
 
+from appliance.dicom.streamend import j2k_end_before_another, jpeg_end, trailing_bytes
+
 __all__ = ["SOF_MARKERS", "FrameGeometry", "StreamError", "check_frame", "j2k_reversible_levels", "segments",
            "stream_kind"]
 
@@ -85,11 +87,18 @@ def check_frame(transfer_syntax: str, frame: bytes, geometry: FrameGeometry) -> 
         return
     lossless = transfer_syntax in _LOSSLESS
     if kind == "j2k":
-        _check_j2k(frame, geometry, lossless=lossless)
+        end = _check_j2k(frame, geometry, lossless=lossless)
     else:
         _check_jpeg(frame, geometry, ls=kind == "jpegls", lossless=lossless)
     if not _ends_with_eoi(frame):
         raise StreamError("the codestream has no end-of-image marker (FFD9): the frame is truncated")
+    if kind != "j2k":
+        end = jpeg_end(frame, ls=kind == "jpegls")
+    extra = trailing_bytes(frame, end) if end is not None else 0
+    if extra:  # one frame, one codestream (docs/dicom.md): what follows its end no decoder reads
+        raise StreamError(f"the frame holds {extra} bytes after its codestream's end marker (FFD9), which no decoder "
+                          "reads: a further codestream, or more frames than (0028,0008) Number of Frames "
+                          "says")
 
 
 def _ends_with_eoi(frame: bytes) -> bool:
@@ -239,7 +248,11 @@ def _j2k_codestream(frame: bytes) -> int:
     raise StreamError("the codestream does not start with SOC (FF4F) and is not a JP2 file")
 
 
-def _check_j2k(frame: bytes, g: FrameGeometry, *, lossless: bool) -> None:
+def _check_j2k(frame: bytes, g: FrameGeometry, *, lossless: bool) -> int | None:
+    """Check the SIZ (and COD under a lossless syntax) and the tile-parts; return the offset just past EOC.
+
+    None when the tile-part walk cannot reach EOC (:func:`_j2k_tiles`) and no second codestream follows.
+    """
     start = _j2k_codestream(frame)
     if frame[start : start + 4] != b"\xff\x4f\xff\x51":
         raise StreamError("the J2K codestream does not start with SOC followed by SIZ (FF4F FF51)")
@@ -264,10 +277,11 @@ def _check_j2k(frame: bytes, g: FrameGeometry, *, lossless: bool) -> None:
     _check_dims(ysiz - yo, xsiz - xo, csiz, max(precisions, default=0), g)
     if lossless:
         _check_reversible(frame, pos + lsiz, csiz)
-    present = _j2k_tiles(frame, pos + lsiz, tiles)
+    present, end = _j2k_tiles(frame, pos + lsiz, tiles)
     if present is not None and present < tiles:
         raise StreamError(f"the J2K codestream holds {present} of the {tiles} tiles its SIZ declares (the decoder "
                           "would leave the missing ones blank)")
+    return end if end is not None else j2k_end_before_another(frame, pos)  # the walk did not reach EOC
 
 
 def _check_reversible(frame: bytes, pos: int, components: int) -> None:
@@ -341,22 +355,25 @@ def j2k_reversible_levels(frame: bytes, precision: int, signed: bool) -> int:
     return 0
 
 
-def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> int | None:
+def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> tuple[int | None, int | None]:
     """Count the distinct tiles with a tile-part, hopping from SOT to SOT by their lengths (no entropy data read).
 
     A tile whose SOT declares its number of tile-parts (TNsot) must have them all: a dropped last tile-part (the
     fine resolution levels) decoded without an error to a blurred image (held-out review, session 14).
-    Returns None when the marker structure is not what the walk understands: the decoder then judges the stream.
+    Returns (tiles, the offset just past EOC); the count is None when the marker structure is not what the walk
+    understands (the decoder then judges the stream), the offset None also when the last tile-part's Psot is 0.
     """
     n = len(frame)
     while pos + 4 <= n and frame[pos] == 0xFF and frame[pos + 1] != 0x90:  # main header marker segments
         pos += 2 + struct.unpack_from(">H", frame, pos + 2)[0]
     parts: dict[int, int] = {}  # tile -> tile-parts seen
     declared: dict[int, int] = {}  # tile -> TNsot, where a tile-part declared it
+    end: int | None = None
     for _ in range(1 << 20):  # at most 255 tile-parts for each of at most _MAX_J2K_TILES tiles: far below this
         if pos + 12 > n or frame[pos : pos + 2] != b"\xff\x90":  # the walk ends at EOC, or gives up
             if frame[pos : pos + 2] != b"\xff\xd9":
-                return None
+                return None, None
+            end = pos + 2
             break
         isot, psot, _tpsot, tnsot = struct.unpack_from(">HIBB", frame, pos + 4)
         if isot >= tiles:
@@ -365,15 +382,16 @@ def _j2k_tiles(frame: bytes, pos: int, tiles: int) -> int | None:
         if tnsot:
             declared[isot] = tnsot
         if psot == 0:  # the last tile-part runs to the end of the codestream
+            end = None
             break
         pos += psot
     else:
-        return None
+        return None, None
     for tile, want in declared.items():
         if parts[tile] < want:
             raise StreamError(f"J2K tile {tile} has {parts[tile]} of the {want} tile-parts its SOT declares (the "
                               "decoder would leave out what the missing ones hold)")
-    return len(parts)
+    return len(parts), end
 
 
 def _check_rle(frame: bytes, g: FrameGeometry) -> None:

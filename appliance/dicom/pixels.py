@@ -20,6 +20,7 @@ from pydicom.encaps import parse_basic_offsets, parse_fragments
 from pydicom.pixels.processing import apply_modality_lut
 
 from appliance.dicom.instance import DicomLimits
+from appliance.dicom.streamend import check_fragments_read
 from appliance.dicom.syntaxes import defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError, LimitExceeded
 
@@ -282,6 +283,8 @@ def encapsulated_pixels(ds: Dataset, pixels: bytes, pm: PixelModule, ts: str) ->
             "(RLE needs exactly one per frame)",
             field="dicom.NumberOfFrames",
         )
+    extended = "ExtendedOffsetTable" in ds and "ExtendedOffsetTableLengths" in ds
+    check_fragments_read(pixels, pm.frames, positions, basic_table=bool(offsets), extended_table=extended)
     return pixels
 
 

@@ -53,6 +53,14 @@ _HIERARCHICAL = frozenset({0xDE, 0xDF, 0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF})
 # Lossless transfer syntaxes: a lossy codestream under one would be scored as exact (held-out review, session 14).
 _LOSSLESS = frozenset({_uid.JPEGLossless, _uid.JPEGLosslessSV1, _uid.JPEGLSLossless, _uid.JPEG2000Lossless,
                        _uid.HTJ2KLossless, _uid.HTJ2KLosslessRPCL})
+# The frame headers each JPEG transfer syntax's processes use (PS3.5 A.4.1): Baseline is Process 1 only (SOF0);
+# Extended is Processes 2 and 4 (SOF1, and SOF0, which an extended decoder reads too). A progressive (SOF2) or
+# arithmetic-coded frame under them is another process; the lossless syntaxes' SOF3 is checked in _check_sof.
+_JPEG_FRAMES: dict[str, frozenset[int]] = {_uid.JPEGBaseline8Bit: frozenset({0xC0}),
+                                           _uid.JPEGExtended12Bit: frozenset({0xC0, 0xC1})}
+_SOF_NAMES = {0xC0: "baseline DCT", 0xC1: "extended sequential DCT", 0xC2: "progressive DCT", 0xC3: "lossless",
+              0xC9: "extended sequential DCT, arithmetic", 0xCA: "progressive DCT, arithmetic",
+              0xCB: "lossless, arithmetic"}
 _MAX_J2K_TILES = 1 << 16  # a legitimate image has few tiles; millions of 1x1 tiles is a decoder bomb
 
 
@@ -89,7 +97,7 @@ def check_frame(transfer_syntax: str, frame: bytes, geometry: FrameGeometry) -> 
     if kind == "j2k":
         end = _check_j2k(frame, geometry, lossless=lossless)
     else:
-        _check_jpeg(frame, geometry, ls=kind == "jpegls", lossless=lossless)
+        _check_jpeg(frame, geometry, ls=kind == "jpegls", lossless=lossless, sofs=_JPEG_FRAMES.get(transfer_syntax))
     if not _ends_with_eoi(frame):
         raise StreamError("the codestream has no end-of-image marker (FFD9): the frame is truncated")
     if kind != "j2k":
@@ -124,10 +132,12 @@ def _check_dims(rows: int, cols: int, samples: int, precision: int, g: FrameGeom
         raise _mismatch("sample precision", precision, g.bits_allocated, "(0028,0100) Bits Allocated")
 
 
-def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool) -> None:
+def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool, sofs: frozenset[int] | None = None
+                ) -> None:
     """Walk the marker segments from SOI to the first SOF (JPEG) or SOF55 (JPEG-LS).
 
-    A lossless frame is read on to its first scan header (the point transform, or JPEG-LS's NEAR).
+    ``sofs``: the frame headers the transfer syntax allows (None: any). A lossless frame is read on to its first
+    scan header (the point transform, or JPEG-LS's NEAR).
     """
     if frame[:2] != b"\xff\xd8":
         raise StreamError("the codestream does not start with an SOI marker (FFD8)")
@@ -149,6 +159,10 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool) -> 
         if marker in _HIERARCHICAL:
             raise StreamError(f"the codestream uses hierarchical JPEG (marker FF{marker:02X}), which no DICOM "
                               "transfer syntax allows")
+        if not ls and sofs is not None and marker in SOF_MARKERS and marker not in sofs:
+            allowed = " or ".join(f"SOF{m - 0xC0} ({_SOF_NAMES[m]})" for m in sorted(sofs))
+            raise StreamError(f"the frame header is SOF{marker - 0xC0} (FF{marker:02X}, {_SOF_NAMES[marker]}), but the "
+                              f"transfer syntax allows only {allowed}: another JPEG process")
         if (ls and marker == 0xF7) or (not ls and marker in SOF_MARKERS):
             _check_sof(frame, pos, marker, g, ls=ls, lossless=lossless, restart=restart)
             return

@@ -877,3 +877,39 @@ def test_a_flood_of_restart_markers_is_refused_without_building_a_list():
     finally:
         tracemalloc.stop()
     assert peak < 16 * len(flooded)  # copies of the frame, not an object per marker
+
+
+def _jpeg_frame_under(syntax: str, *, progressive: bool = False, sof: int | None = None) -> bytes:
+    """An 8-bit 64 x 64 JPEG file under ``syntax``: Pillow's baseline (SOF0) or progressive (SOF2) stream, or the
+    baseline stream with its frame header marker relabelled ``sof`` (SOF1 is read like SOF0 for 8-bit Huffman)."""
+    rng = np.random.default_rng(7)
+    pixels = np.clip(np.cumsum(rng.integers(-3, 4, size=(64, 64)), axis=1) + 128, 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=95, progressive=progressive)
+    frame = bytearray(buf.getvalue())
+    if sof is not None:
+        frame[frame.index(b"\xff\xc0") + 1] = sof
+    ds = make_dataset(pixels=pixels, bits_stored=8)
+    ds.PixelData = encapsulate([bytes(frame) + b"\x00" * (len(frame) % 2)])
+    ds["PixelData"].is_undefined_length = True
+    ds.file_meta.TransferSyntaxUID = syntax
+    return to_bytes(ds)
+
+
+@pytest.mark.parametrize(("syntax", "allowed"), [(pydicom.uid.JPEGBaseline8Bit, r"SOF0 \(baseline DCT\)"),
+                                                 (pydicom.uid.JPEGExtended12Bit, r"SOF0 \(baseline DCT\) or SOF1")])
+def test_a_progressive_jpeg_frame_is_refused_under_the_sequential_jpeg_syntaxes(syntax, allowed):
+    """Review 17: a progressive (SOF2) stream under JPEG Baseline (Process 1) was decoded and answered OK."""
+    assert parse(_jpeg_frame_under(syntax)).decode_frame(0).shape == (64, 64)  # SOF0 is valid under both
+    with pytest.raises(DicomError, match=r"\(1\.2\.840\.10008\.1\.2\.4\.5[01]\)\): the frame header is SOF2 \(FFC2, "
+                                         rf"progressive DCT\), but the transfer syntax allows only {allowed}"):
+        parse(_jpeg_frame_under(syntax, progressive=True)).decode_frame(0)
+
+
+def test_an_extended_or_arithmetic_jpeg_frame_header_is_refused_where_its_process_is_not_allowed():
+    assert parse(_jpeg_frame_under(pydicom.uid.JPEGExtended12Bit, sof=0xC1)).decode_frame(0).shape == (64, 64)
+    with pytest.raises(DicomError, match=r"Baseline .*: the frame header is SOF1 \(FFC1, extended sequential DCT\)"):
+        parse(_jpeg_frame_under(pydicom.uid.JPEGBaseline8Bit, sof=0xC1)).decode_frame(0)
+    with pytest.raises(DicomError, match=r"Extended .*: the frame header is SOF9 \(FFC9, extended sequential DCT, "
+                                         "arithmetic\\)"):
+        parse(_jpeg_frame_under(pydicom.uid.JPEGExtended12Bit, sof=0xC9)).decode_frame(0)

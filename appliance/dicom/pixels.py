@@ -434,6 +434,14 @@ def modality_lut_table(ds: Dataset, pm: PixelModule) -> tuple[int, np.ndarray] |
     seq = ds.get("ModalityLUTSequence")
     if not seq:
         return None
+    item = _functional_item(ds, 0, "PixelValueTransformationSequence")
+    rescale = item if item is not None else ds
+    if "RescaleSlope" in rescale or "RescaleIntercept" in rescale:
+        # PS3.3 C.11.1: a Modality LUT Sequence or a rescale, never both; each maps stored values differently and
+        # which one the writer meant cannot be known (docs/dicom.md)
+        raise DicomError(f"{tag_name('ModalityLUTSequence')} and {tag_name('RescaleSlope')} / "
+                         f"{tag_name('RescaleIntercept')} are both present: the standard allows one or the other, "
+                         "and they map stored values differently: contradictory", field="dicom.ModalityLUTSequence")
     try:
         n_entries, read, _bits = (int(v) for v in seq[0].LUTDescriptor)
         n_entries = n_entries or 65536

@@ -913,3 +913,29 @@ def test_an_extended_or_arithmetic_jpeg_frame_header_is_refused_where_its_proces
     with pytest.raises(DicomError, match=r"Extended .*: the frame header is SOF9 \(FFC9, extended sequential DCT, "
                                          "arithmetic\\)"):
         parse(_jpeg_frame_under(pydicom.uid.JPEGExtended12Bit, sof=0xC9)).decode_frame(0)
+
+
+def _identity_lut() -> Dataset:
+    item = Dataset()
+    item.add_new(0x00283002, "US", [4096, 0, 16])  # LUT Descriptor: 4096 entries from stored value 0, 16 bits
+    item.add_new(0x00283006, "US", [v // 2 for v in range(4096)])  # LUT Data
+    item.ModalityLUTType = "HU"
+    return item
+
+
+@pytest.mark.parametrize("where", ["top level", "functional group"])
+def test_a_modality_lut_sequence_beside_a_rescale_is_refused_as_contradictory(where):
+    """Review 17: a Modality LUT Sequence next to Rescale Slope / Intercept was accepted and the LUT silently won.
+    PS3.3 C.11.1 allows one or the other; the two map stored values differently."""
+    ds = make_dataset(ModalityLUTSequence=[_identity_lut()])
+    assert parse(to_bytes(ds)).modality_lut is not None  # the LUT alone is fine
+    if where == "top level":
+        ds.RescaleSlope, ds.RescaleIntercept = 1, -1024
+    else:
+        item, pvt = Dataset(), Dataset()
+        pvt.RescaleSlope, pvt.RescaleIntercept, pvt.RescaleType = 1, -1024, "HU"
+        item.PixelValueTransformationSequence = [pvt]
+        ds.SharedFunctionalGroupsSequence = [item]
+    with pytest.raises(DicomError, match=r"\(0028,3000\) Modality LUT Sequence and \(0028,1053\) Rescale Slope / "
+                                         r"\(0028,1052\) Rescale Intercept are both present.*contradictory"):
+        parse(to_bytes(ds))

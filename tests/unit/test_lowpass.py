@@ -58,8 +58,9 @@ def codestream(stored: np.ndarray, bits: int, **kwargs) -> bytes:
 
 def j2k_file(stored: np.ndarray, bits: int, cs: bytes | None = None, ts: str = JPEG2000Lossless, **tags) -> bytes:
     """A CT file whose frame is ``cs`` (default: ``stored`` encoded losslessly; a 3-D ``stored`` gives a frame each)."""
-    ds = make_dataset(pixels=stored, bits_stored=bits, RescaleSlope=1, RescaleIntercept=-1024 if bits == 12 else 0,
-                      **tags)
+    intercept = -1024 if bits == 12 else 0
+    rescale = {} if "ModalityLUTSequence" in tags else {"RescaleSlope": 1, "RescaleIntercept": intercept}
+    ds = make_dataset(pixels=stored, bits_stored=bits, **rescale, **tags)  # a LUT or a rescale, never both
     frames = [cs] if cs is not None else [codestream(f, bits) for f in (stored if stored.ndim == 3 else [stored])]
     ds.PixelData = encapsulate(frames)
     ds["PixelData"].VR = "OB"

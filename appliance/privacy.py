@@ -4,6 +4,8 @@
   and printable (no newline can forge a log line, no 100 KB id fills the journal). Anything else is
   INVALID_ARGUMENT (field ``request_id``). Sites often use accession numbers as ids: docs/security.md asks
   integrators not to (hashed UIDs are enough to correlate a log line with a study).
+- :func:`reply_uid`: a reply echoes the SOP Instance UID only when it has UID syntax; the element can hold any
+  text (an ID, a name), and a reply is written to client logs and worklists as readily as ours.
 - :func:`hash_uid`: a Study/Series/SOP Instance UID is not a name, but it identifies a patient's study in the
   PACS. Logs carry ``uid:<12 hex>``, HMAC-SHA256 under a secret key, so two log lines about the same instance
   correlate and the UID cannot be recovered by hashing candidate UIDs without the key. The key is random per
@@ -23,10 +25,12 @@ from pathlib import Path
 
 from appliance.errors import ConfigError, InputError
 
-__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "redact_foreign", "set_uid_key", "uid_key",
+__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "redact_foreign", "reply_uid", "set_uid_key", "uid_key",
            "validate_request_id"]
 
 MAX_REQUEST_ID = 64
+_MAX_UID = 64
+_UID_SYNTAX = re.compile(r"(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))*")  # pydicom's regular expression for VR UI
 
 _key_lock = threading.Lock()
 _key = secrets.token_bytes(32)
@@ -105,6 +109,16 @@ def redact_foreign(text: str) -> str:
     log: the appliance's own errors name the tag, never its value.
     """
     return _NAME_OR_ID.sub("<value>", _QUOTED.sub("<value>", text))
+
+
+def reply_uid(uid: str) -> str:
+    """``uid`` when it has UID syntax, else "" (what a success reply's ``sop_instance_uid`` carries).
+
+    UID syntax is the test of pydicom's ``UID.is_valid``, which error messages use (``syntaxes.uid_label``): digits
+    and dots, no component with a leading zero, at most 64 characters (PS3.5 9.1). Matched here without building
+    a pydicom ``UID``, whose constructor warns and logs an invalid value, quoting it.
+    """
+    return uid if len(uid) <= _MAX_UID and _UID_SYNTAX.fullmatch(uid) else ""
 
 
 def hash_uid(uid: str) -> str:

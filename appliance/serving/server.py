@@ -22,7 +22,7 @@ from grpc_status import rpc_status
 
 from appliance.batching.work import Priority
 from appliance.errors import ApplianceError, InputError, Unavailable
-from appliance.privacy import hash_uid, validate_request_id
+from appliance.privacy import hash_uid, reply_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.analyze import Analysis, RequestPath
@@ -149,7 +149,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             frames.append(frame)
         return pb.AnalyzeResponse(
             request_id=a.request_id,
-            sop_instance_uid=a.sop_instance_uid,
+            sop_instance_uid=reply_uid(a.sop_instance_uid),  # not UID syntax: empty, never the element's text
             pipeline=a.pipeline,
             model=self._model_pb(),
             frames=frames,

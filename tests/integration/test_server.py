@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import grpc
@@ -567,3 +568,20 @@ def test_status_and_health_say_overloaded_when_many_recent_requests_were_refused
         assert "WARNING" in capsys.readouterr().out
     finally:
         app.stop()
+
+
+@pytest.mark.parametrize("uid", ["PHIID778899", "1.2.840.01.5", "1.2.3.", "1" * 65])
+def test_a_sop_instance_uid_without_uid_syntax_is_not_echoed_in_the_reply(stub, slice_bytes, uid) -> None:
+    """Review 17: "PHIID778899" in (0008,0018) came back verbatim in sop_instance_uid, where error messages say
+    "(not a valid UID)" and the log a hash. A reply echoes the UID only when it has UID syntax (docs/dicom.md)."""
+    ds = pydicom.dcmread(io.BytesIO(slice_bytes))
+    buf = io.BytesIO()
+    with warnings.catch_warnings():  # pydicom warns about the value it is asked to write
+        warnings.simplefilter("ignore")
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = uid
+        ds.save_as(buf, enforce_file_format=True)
+    reply = stub.Analyze(pb.AnalyzeRequest(dicom=buf.getvalue(), request_id="odd-uid"), timeout=10)
+    assert reply.request_id == "odd-uid" and len(reply.frames) == 1 and reply.sop_instance_uid == ""
+    streamed = list(stub.AnalyzeStream(iter([pb.AnalyzeRequest(dicom=buf.getvalue())]), timeout=10))
+    assert [r.status.code for r in streamed] == [0] and streamed[0].sop_instance_uid == ""
+    assert uid not in str(reply) + str(streamed)

@@ -212,3 +212,16 @@ def test_an_element_whose_length_lies_does_not_leak_the_elements_it_swallows() -
     assert "MARKER" in raw  # the foreign text does quote it
     assert "MARKER" not in message and "ZZTEST" not in message and "ACME" not in message
     assert message.startswith("decoder failed on (0028,0106): ") and name == "DicomError"
+
+
+@pytest.mark.parametrize("uid", ["1.2.840.10008.1.2", "0", "0.1.2", "1" * 64, "1" * 65, "PHIID778899", "1.02", "1..2",
+                                 ".1", "1.2.", "1.2.3\n", " 1.2", "1.2 ", "", "1,2", "١.٢"])
+def test_reply_uid_echoes_only_uid_syntax_as_pydicom_judges_it(uid: str) -> None:
+    import warnings
+
+    from pydicom.uid import UID
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        valid = UID(uid).is_valid and str(UID(uid)) == uid  # pydicom strips what it reads; a reply does not
+    assert privacy.reply_uid(uid) == (uid if valid else "")

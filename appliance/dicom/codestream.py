@@ -159,7 +159,10 @@ def _check_jpeg(frame: bytes, g: FrameGeometry, *, ls: bool, lossless: bool, sof
         if marker in _HIERARCHICAL:
             raise StreamError(f"the codestream uses hierarchical JPEG (marker FF{marker:02X}), which no DICOM "
                               "transfer syntax allows")
-        if not ls and sofs is not None and marker in SOF_MARKERS and marker not in sofs:
+        # an 8-bit extended header (SOF1) decodes exactly as the baseline one; some encoders write it for 8-bit data
+        # under Baseline, and refusing it would protect nothing (docs/dicom.md)
+        lenient = marker == 0xC1 and 0xC0 in (sofs or ()) and frame[pos + 4] == 8
+        if not ls and sofs is not None and marker in SOF_MARKERS and marker not in sofs and not lenient:
             allowed = " or ".join(f"SOF{m - 0xC0} ({_SOF_NAMES[m]})" for m in sorted(sofs))
             raise StreamError(f"the frame header is SOF{marker - 0xC0} (FF{marker:02X}, {_SOF_NAMES[marker]}), but the "
                               f"transfer syntax allows only {allowed}: another JPEG process")

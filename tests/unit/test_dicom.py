@@ -908,8 +908,12 @@ def test_a_progressive_jpeg_frame_is_refused_under_the_sequential_jpeg_syntaxes(
 
 def test_an_extended_or_arithmetic_jpeg_frame_header_is_refused_where_its_process_is_not_allowed():
     assert parse(_jpeg_frame_under(pydicom.uid.JPEGExtended12Bit, sof=0xC1)).decode_frame(0).shape == (64, 64)
-    with pytest.raises(DicomError, match=r"Baseline .*: the frame header is SOF1 \(FFC1, extended sequential DCT\)"):
-        parse(_jpeg_frame_under(pydicom.uid.JPEGBaseline8Bit, sof=0xC1)).decode_frame(0)
+    # an 8-bit SOF1 stream decodes exactly as a baseline one: some encoders write it under Baseline, and it passes
+    extended = parse(_jpeg_frame_under(pydicom.uid.JPEGBaseline8Bit, sof=0xC1)).decode_frame(0)
+    np.testing.assert_array_equal(extended, parse(_jpeg_frame_under(pydicom.uid.JPEGBaseline8Bit)).decode_frame(0))
+    with pytest.raises(DicomError, match=r"Baseline .*: the frame header is SOF9 \(FFC9, extended sequential DCT, "
+                                         "arithmetic\\)"):
+        parse(_jpeg_frame_under(pydicom.uid.JPEGBaseline8Bit, sof=0xC9)).decode_frame(0)
     with pytest.raises(DicomError, match=r"Extended .*: the frame header is SOF9 \(FFC9, extended sequential DCT, "
                                          "arithmetic\\)"):
         parse(_jpeg_frame_under(pydicom.uid.JPEGExtended12Bit, sof=0xC9)).decode_frame(0)

@@ -8,7 +8,7 @@ A :class:`Pipeline` (``pipelines/<name>.toml``) turns one frame of a validated
 
     modality_lut        stored -> modality units (Rescale Slope/Intercept per frame, or the Modality LUT Seq.)
     window              the pipeline's fixed window (center/width, modality units) or the file's VOI -> [0, 1]
-    invert_monochrome1  1 - x for MONOCHROME1 (pydicom's presentation LUT does not do it; docs/dicom.md)
+    invert_monochrome1  1 - x for MONOCHROME1 but not CT, whose HU it does not change (docs/dicom.md)
     resize              area resize to the model's H x W, written straight into the batch slot; with
                         ``jpeg2000_lowpass = true`` a plain reversible JPEG 2000 frame of at least twice the
                         model's size is decoded at half resolution instead (its 5/3 low-pass band, re-centred

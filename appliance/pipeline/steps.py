@@ -65,7 +65,7 @@ class Window(StepParams, frozen=True, tag="window"):
 
 
 class InvertMonochrome1(StepParams, frozen=True, tag="invert_monochrome1"):
-    """``invert_monochrome1``: MONOCHROME1 becomes MONOCHROME2 (no parameters)."""
+    """``invert_monochrome1``: MONOCHROME1 becomes MONOCHROME2, except CT's Hounsfield units (no parameters)."""
 
 
 class Resize(StepParams, frozen=True, tag="resize"):
@@ -156,8 +156,14 @@ def _step_window(fr: Frame, params: Window) -> None:
 
 
 def _step_invert_monochrome1(fr: Frame, params: InvertMonochrome1) -> None:
-    """MONOCHROME1 (minimum is white) -> MONOCHROME2 on [0, 1] data: ``1 - x``."""
-    if fr.inst.photometric == "MONOCHROME1":
+    """MONOCHROME1 (minimum is white) -> MONOCHROME2 on [0, 1] data: ``1 - x``; never for CT.
+
+    Photometric Interpretation says how values are displayed, after the VOI transform. A CT's modality LUT yields
+    Hounsfield units, physical values that MONOCHROME1 does not change: the same HU window must give the same model
+    input whichever way the scanner wanted them shown (held-out review, session 17: a MONOCHROME1 slice holding the
+    very HU of a MONOCHROME2 one scored 0.9995 against 0.136). Values without a unit (CR, DX) are inverted.
+    """
+    if fr.inst.photometric == "MONOCHROME1" and fr.inst.modality != "CT":
         np.subtract(np.float32(1.0), fr.image, out=fr.image)
 
 

@@ -117,8 +117,15 @@ REFERENCE = [
         "invert-monochrome1",
         [W(100, 200), INV, R],
         A([[0, 50], [100, 200]]),
-        {"PhotometricInterpretation": "MONOCHROME1"},
+        {"PhotometricInterpretation": "MONOCHROME1", "modality": "CR"},
         [[1.0, 0.75], [0.5, 0.0]],
+    ),
+    (  # CT's values are Hounsfield units whatever their display: MONOCHROME1 changes nothing
+        "invert-leaves-monochrome1-ct",
+        [W(100, 200), INV, R],
+        A([[0, 50], [100, 200]]),
+        {"PhotometricInterpretation": "MONOCHROME1"},
+        [[0.0, 0.25], [0.5, 1.0]],
     ),
     ("invert-leaves-monochrome2", [W(100, 200), INV, R], A([[0, 50], [100, 200]]), {}, [[0.0, 0.25], [0.5, 1.0]]),
     (
@@ -172,6 +179,23 @@ def test_monochrome1_cr_comes_out_inverted(tmp_path):
         outs[photometric] = out
     np.testing.assert_allclose(outs["MONOCHROME1"], 1.0 - outs["MONOCHROME2"], rtol=0, atol=1e-6)
     assert 0.0 <= outs["MONOCHROME1"].min() and outs["MONOCHROME1"].max() <= 1.0
+
+
+def test_a_monochrome1_ct_holding_the_same_hounsfield_units_gives_the_same_model_input(tmp_path):
+    # held-out review, session 17: the stored values inverted (slope -1) with the intercept to match, so the modality
+    # LUT gives the very HU of the MONOCHROME2 slice; inverting after the window scored it 0.9995 against 0.136
+    rng = np.random.default_rng(3)
+    stored = rng.integers(0, 4096, size=(512, 512)).astype(np.uint16)
+    pipeline = ct_pipeline(tmp_path)
+    plain = parse(to_bytes(make_dataset(pixels=stored, RescaleSlope=1, RescaleIntercept=-1024)))
+    flipped = parse(to_bytes(make_dataset(pixels=(4095 - stored).astype(np.uint16), photometric="MONOCHROME1",
+                                          RescaleSlope=-1, RescaleIntercept=4095 - 1024)))
+    outs = []
+    for inst in (plain, flipped):
+        out = np.empty(pipeline.input_shape, np.float32)
+        pipeline.run(inst, 0, out)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize(

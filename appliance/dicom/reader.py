@@ -32,6 +32,7 @@ import zlib
 import numpy as np
 import pydicom
 from pydicom import uid as _uid
+from pydicom.datadict import dictionary_description, dictionary_has_tag
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.filereader import _read_file_meta_info, read_preamble
@@ -156,6 +157,32 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
     return ds
 
+
+_PIXEL_TAGS = frozenset({0x7FE00010, 0x7FE00008, 0x7FE00009})  # Pixel Data, Float and Double Float Pixel Data
+
+
+def _cut_short(ds: Dataset) -> str | None:
+    """Say so when the dataset's last element holds fewer bytes than its length says: the file was cut inside it.
+
+    pydicom reads such a value short without complaint; a file cut inside (0008,0016) SOP Class UID then looked
+    like a non-image SOP class (FAILED_PRECONDITION, "do not retry") rather than a damaged file (docs/dicom.md).
+    Read before any element is accessed (an accessed element is converted, and its declared length is gone).
+    """
+    tags = list(ds.keys())
+    if not tags or tags[-1] in _PIXEL_TAGS:  # pixel data is judged by the bytes the image needs
+        return None
+    last = tags[-1]
+    raw = ds.get_item(last)
+    length = getattr(raw, "length", None)
+    value = getattr(raw, "value", None)
+    if isinstance(length, int) and length != 0xFFFFFFFF and isinstance(value, bytes) and len(value) < length:
+        tag = int(last)
+        name = dictionary_description(tag) if dictionary_has_tag(tag) else "a private or unknown element"
+        return (f"the file ends inside ({tag >> 16:04X},{tag & 0xFFFF:04X}) {name}: {len(value)} of its {length} "
+                "bytes are there (truncated)")
+    return None
+
+
 def _check_items(count: int, limits: DicomLimits) -> None:
     """Refuse a dataset with more item tags than ``max_items``, before pydicom parses it.
 
@@ -217,6 +244,7 @@ def _swapped_hint(ds: Dataset, ts: str) -> str:
 def _identify(ds: Dataset) -> tuple[str, str, str]:
     """Return (transfer syntax, SOP class, SOP instance) or raise for a non-image / unidentifiable object."""
     ts = str(ds.file_meta.TransferSyntaxUID)
+    cut = _cut_short(ds)
     if len(ds) == 0:
         raise DicomError("the dataset has no data elements after the file meta information (truncated?)")
     sop_class = ds.get("SOPClassUID")
@@ -224,10 +252,15 @@ def _identify(ds: Dataset) -> tuple[str, str, str]:
         media = str(ds.file_meta.get("MediaStorageSOPClassUID", ""))
         if media == _uid.MediaStorageDirectoryStorage:
             raise NotApplicable("a DICOMDIR (Media Storage Directory Storage) is an index, not an image")
-        raise DicomError(f"{tag_name('SOPClassUID')} is missing{_swapped_hint(ds, ts)}", field="dicom.SOPClassUID")
+        hint = _swapped_hint(ds, ts)
+        if cut is not None and not hint:
+            raise DicomError(cut, field="dicom")
+        raise DicomError(f"{tag_name('SOPClassUID')} is missing{hint}", field="dicom.SOPClassUID")
     sop_class = str(sop_class)
     present = [kw for kw in PIXEL_KEYWORDS if kw in ds]
     if not present:
+        if cut is not None:  # a file cut short is damaged, not a non-image object
+            raise DicomError(cut, field="dicom")
         label = uid_label(sop_class)
         if _is_pixel_class(sop_class):
             raise DicomError(f"{tag_name('PixelData')} is missing from a {label} object",

@@ -943,3 +943,19 @@ def test_a_modality_lut_sequence_beside_a_rescale_is_refused_as_contradictory(wh
     with pytest.raises(DicomError, match=r"\(0028,3000\) Modality LUT Sequence and \(0028,1053\) Rescale Slope / "
                                          r"\(0028,1052\) Rescale Intercept are both present.*contradictory"):
         parse(to_bytes(ds))
+
+
+def test_a_file_cut_inside_an_element_is_damaged_not_a_non_image_object():
+    """Review 17: cut inside (0008,0016) SOP Class UID, a file was a non-image object (FAILED_PRECONDITION)."""
+    data = to_bytes(make_dataset(rows=8, columns=8))
+    at = data.index(b"\x08\x00\x16\x00UI") + 8
+    length = struct.unpack_from("<H", data, at - 2)[0]
+    for cut in range(at, at + length):
+        with pytest.raises(DicomError, match=r"the file ends inside \(0008,0016\) SOP Class UID: \d+ of its "
+                                             rf"{length} bytes are there \(truncated\)") as info:
+            parse(data[:cut])
+        assert not isinstance(info.value, NotApplicable)
+    with pytest.raises(NotApplicable):  # a whole file without pixel data still is one
+        ds = make_dataset(rows=8, columns=8, sop_class="1.2.840.10008.5.1.4.1.1.481.5")
+        del ds.PixelData
+        parse(to_bytes(ds))

@@ -29,7 +29,8 @@ Design (``docs/thermal.md``):
   above ``setpoint_c``; any sign of a fault (a stalled reading while the model says the die warms, read errors
   past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
   and the guard keep the commissioned margins.
-- A guard caps the budget at ``guard_factor × measured power`` while the reading is ≥ ``guard_c``.
+- A guard caps the budget at ``guard_factor × measured power`` while the reading (with the lead) is ≥ ``guard_c``,
+  and while two readings in a row are, whatever the lead predicts (a stopped fan's heatsink holds the die up).
 - A believed reading is taken no lower than the recent readings' envelope (carried by the die and heatsink
   models) less ``fall_margin_c`` (:class:`~appliance.thermal.plausible.FallBound`): a glitch stream a few degrees
   low, or a reading that stepped down and froze, is not a cool die. After a reading is rejected as a glitch the
@@ -40,8 +41,9 @@ Design (``docs/thermal.md``):
   began at most ``short_outage_s`` ago, with no implausible value in it); a frozen but
   plausible reading is judged by :mod:`appliance.thermal.sensorcheck` (a power-driven die model, a
   ramped duty probe when the reading is stiller than its history makes plausible, and no budget
-  increase on an unchanged reading) and also goes BLIND, with the reason; a lost GPU stops dispatch at
-  once (``STOPPED``, terminal); a reading ≥ ``emergency_c`` for ``emergency_s`` at minimum duty pauses
+  increase on an unchanged reading) and also goes BLIND, with the reason (reached from a lower duty by a ramp,
+  never a jump; a sensor that comes back at or above ``guard_c`` is recovered at the lowest duty); a lost GPU
+  stops dispatch at once (``STOPPED``, terminal); a reading ≥ ``emergency_c`` for ``emergency_s`` at minimum duty pauses
   dispatch until it falls to the setpoint.
 """
 
@@ -62,6 +64,14 @@ __all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
 #: still at 75 °C, the duty jumped from 0.11 to 0.48 and the die climbed again: 84 s above 75 °C (held-out review,
 #: session 14). Transient guard hits (noise at guard_c) are shorter and keep the integrator, and so the throughput.
 _GUARD_WINDUP_S = 3.0
+
+
+#: Readings in a row at or above guard_c that engage the guard even when the delay compensation says the die is
+#: already falling. The guard acted on the reading plus that compensation only: after a cut the die model's fall
+#: released it, but with a stopped fan the warming heatsink holds the die up, and the budget climbed back. With a fan
+#: stopping at full load 21 of 33 plants passed 75 °C (up to 16.5 s, 76.75 °C; docs/thermal.md, fan entry). One
+#: reading could be noise (a noisy sensor's settled peak-to-peak grew from 0.59 to 1.81 °C with 1); two rarely are.
+_GUARD_HOT_READINGS = 2
 
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
@@ -93,7 +103,8 @@ class Governor:
         self._good_run = 0
         self._blind_reason = ""
         self._blind_cause = ""
-        self._stuck: tuple[float, float] | None = None  # (since, duty) while a stuck verdict holds
+        # (since, duty, ramp start or None) while a stuck verdict holds
+        self._stuck: tuple[float, float, float | None] | None = None
         self._last_energy: tuple[float, float] | None = None
         self._power_measured = False  # whether the last sample's power came from NVML (not the duty model)
         self._frozen = FrozenDetector(FrozenSettings(
@@ -112,6 +123,7 @@ class Governor:
         self._jump_run: list[float] = []
         self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
         self._guard_run = 0  # consecutive samples the guard capped the budget
+        self._hot_run = 0  # consecutive regulated readings at or above guard_c
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
         self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s, c.period_s, doubt_margin_c=c.fall_doubt_margin_c)
@@ -340,9 +352,11 @@ class Governor:
         if why == "stuck" or self._state is GovernorState.BLIND or now_s - self._error_since >= c.hold_s:
             self._boost = 0.0
         if why == "stuck":
-            if self._stuck is None:  # (since, duty): never above the blind duty or what BLIND already held
-                self._stuck = (now_s, min(c.blind_duty, self._duty) if self._state is GovernorState.BLIND
-                               else c.blind_duty)
+            if self._stuck is None:  # never above the blind duty or what BLIND already held
+                if self._state is GovernorState.BLIND:
+                    self._stuck = (now_s, min(c.blind_duty, self._duty), None)
+                else:  # a duty under the blind duty was low for a reason (a hot die): ramp up to it, never jump
+                    self._stuck = (now_s, c.blind_duty, self._duty if self._duty < c.blind_duty else None)
             self._blind_cause = "stuck"
             return self._decide(now_s, self._stuck_duty(now_s), None, GovernorState.BLIND, self._blind_reason,
                                 None, power)
@@ -367,8 +381,10 @@ class Governor:
         """
         assert self._stuck is not None
         c = self.config
-        since, duty = self._stuck
+        since, duty, start = self._stuck
         age = now_s - since
+        if start is not None:
+            duty = min(duty, start + c.recover_ramp_per_s * age)
         if c.stuck_dip_every_s > 0 and age >= c.stuck_dip_every_s and age % c.stuck_dip_every_s < c.stuck_dip_s:
             return max(duty * (1.0 - c.probe_max_cut), c.min_duty)
         return duty
@@ -392,7 +408,9 @@ class Governor:
                     and now_s - self._error_since <= c.short_outage_s):
                 needed = min(needed, 2)  # a brief read outage: the sensor itself was never in doubt
             if self._state is GovernorState.BLIND and self._good_run < needed:
-                return self._decide(now_s, c.blind_duty, None, GovernorState.BLIND,
+                # the sensor is live again, and the blind duty is a guess for an unknown die, not for one this hot
+                hot = temp >= c.guard_c
+                return self._decide(now_s, c.min_duty if hot else c.blind_duty, None, GovernorState.BLIND,
                                     f"recovering {self._good_run}/{needed}", headroom, power, temp)
             if self._state is GovernorState.BLIND:
                 # the die cooled at the blind duty, so the PI would jump to full duty; one more read error would
@@ -472,7 +490,9 @@ class Governor:
             self._integral = min(max(self._integral + di, p_lo), p_hi)
         budget = self._integral + kp * e_p
         reason = "pi"
-        if max(temp, filtered) >= c.guard_c:
+        # readings at the guard in a row are not noise: the guard acts on them whatever the models predict
+        self._hot_run = self._hot_run + 1 if reading >= c.guard_c else 0
+        if max(temp, filtered) >= c.guard_c or self._hot_run >= _GUARD_HOT_READINGS:
             cap = c.guard_factor * power
             if budget > cap:
                 budget = cap

@@ -442,6 +442,7 @@ def modality_lut_table(ds: Dataset, pm: PixelModule) -> tuple[int, np.ndarray] |
         raise DicomError(f"{tag_name('ModalityLUTSequence')} and {tag_name('RescaleSlope')} / "
                          f"{tag_name('RescaleIntercept')} are both present: the standard allows one or the other, "
                          "and they map stored values differently: contradictory", field="dicom.ModalityLUTSequence")
+    _check_lut_item(seq[0])
     try:
         n_entries, read, _bits = (int(v) for v in seq[0].LUTDescriptor)
         n_entries = n_entries or 65536
@@ -457,6 +458,28 @@ def modality_lut_table(ds: Dataset, pm: PixelModule) -> tuple[int, np.ndarray] |
         raise DicomError(f"{tag_name('ModalityLUTSequence')} LUT Data does not match its LUT Descriptor",
                          field="dicom.ModalityLUTSequence")
     return first, table
+
+
+def _check_lut_item(item: Dataset) -> None:
+    """Name what is wrong with a Modality LUT item before pydicom applies it (its errors name no element)."""
+    where = tag_name("ModalityLUTSequence")
+    descriptor = item.get("LUTDescriptor")
+    values = list(descriptor) if isinstance(descriptor, Sequence) and not isinstance(descriptor, str | bytes) else []
+    if len(values) != 3 or not all(isinstance(v, int) for v in values):
+        raise DicomError(f"{where}: {tag_name('LUTDescriptor')} must hold 3 integers (entries, first stored value "
+                         "mapped, bits per entry)", field="dicom.ModalityLUTSequence")
+    entries, _first, bits = values
+    if not 1 <= bits <= 16:
+        raise DicomError(f"{where}: {tag_name('LUTDescriptor')} gives {bits} bits per entry; at most 16 are allowed",
+                         field="dicom.ModalityLUTSequence")
+    data = item.get("LUTData")
+    if data is None or isinstance(data, bytes | str) and not data:
+        raise DicomError(f"{where}: {tag_name('LUTData')} is missing or empty", field="dicom.ModalityLUTSequence")
+    # 8-bit entries may be packed two to a word, so only wider ones are counted here
+    listed = isinstance(data, Sequence) and not isinstance(data, str | bytes)
+    if bits > 8 and listed and len(data) != (entries or 65536):
+        raise DicomError(f"{where}: {tag_name('LUTData')} holds {len(data)} entries, but {tag_name('LUTDescriptor')} "
+                         f"says {entries or 65536}", field="dicom.ModalityLUTSequence")
 
 
 def pixel_spacing(ds: Dataset) -> tuple[float, float] | None:

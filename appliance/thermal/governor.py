@@ -30,7 +30,8 @@ Design (``docs/thermal.md``):
   past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
   and the guard keep the commissioned margins.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading (with the lead) is ≥ ``guard_c``,
-  and while two readings in a row are, whatever the lead predicts (a stopped fan's heatsink holds the die up).
+  and while two readings in a row are (the last four within 0.5 °C of it on average), whatever the lead predicts
+  (a stopped fan's heatsink holds the die up).
 - A believed reading is taken no lower than the recent readings' envelope (carried by the die and heatsink
   models) less ``fall_margin_c`` (:class:`~appliance.thermal.plausible.FallBound`): a glitch stream a few degrees
   low, or a reading that stepped down and froze, is not a cool die. After a reading is rejected as a glitch the
@@ -67,11 +68,15 @@ _GUARD_WINDUP_S = 3.0
 
 
 #: Readings in a row at or above guard_c that engage the guard even when the delay compensation says the die is
-#: already falling. The guard acted on the reading plus that compensation only: after a cut the die model's fall
-#: released it, but with a stopped fan the warming heatsink holds the die up, and the budget climbed back. With a fan
-#: stopping at full load 21 of 33 plants passed 75 °C (up to 16.5 s, 76.75 °C; docs/thermal.md, fan entry). One
-#: reading could be noise (a noisy sensor's settled peak-to-peak grew from 0.59 to 1.81 °C with 1); two rarely are.
+#: already falling, provided the mean of the last _GUARD_HOT_WINDOW readings is within _GUARD_HOT_MEAN_C of guard_c.
+#: The guard acted on the reading plus that compensation only: after a cut the die model's fall released it, but with
+#: a stopped fan the warming heatsink holds the die up, and the budget climbed back. With a fan stopping at full load
+#: 21 of 33 plants passed 75 °C (up to 16.5 s, 76.75 °C; docs/thermal.md, fan entry). Noise reaches the guard too: one
+#: reading raised a noisy sensor's settled peak-to-peak from 0.59 to 1.81 °C, two in a row another's to 1.70 °C at the
+#: peaks of its oscillation, where the readings before them were a degree lower; a held die is hot in all of them.
 _GUARD_HOT_READINGS = 2
+_GUARD_HOT_WINDOW = 4
+_GUARD_HOT_MEAN_C = 0.5
 
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
@@ -124,6 +129,7 @@ class Governor:
         self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
         self._guard_run = 0  # consecutive samples the guard capped the budget
         self._hot_run = 0  # consecutive regulated readings at or above guard_c
+        self._recent: deque[float] = deque(maxlen=_GUARD_HOT_WINDOW)  # the last regulated readings
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
         self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s, c.period_s, doubt_margin_c=c.fall_doubt_margin_c)
@@ -490,9 +496,12 @@ class Governor:
             self._integral = min(max(self._integral + di, p_lo), p_hi)
         budget = self._integral + kp * e_p
         reason = "pi"
-        # readings at the guard in a row are not noise: the guard acts on them whatever the models predict
+        # readings held at the guard are not noise: the guard acts on them whatever the models predict
         self._hot_run = self._hot_run + 1 if reading >= c.guard_c else 0
-        if max(temp, filtered) >= c.guard_c or self._hot_run >= _GUARD_HOT_READINGS:
+        self._recent.append(reading)
+        held = (self._hot_run >= _GUARD_HOT_READINGS
+                and sum(self._recent) / len(self._recent) >= c.guard_c - _GUARD_HOT_MEAN_C)
+        if max(temp, filtered) >= c.guard_c or held:
             cap = c.guard_factor * power
             if budget > cap:
                 budget = cap

@@ -43,7 +43,7 @@ Design (``docs/thermal.md``):
   plausible reading is judged by :mod:`appliance.thermal.sensorcheck` (a power-driven die model, a
   ramped duty probe when the reading is stiller than its history makes plausible, and no budget
   increase on an unchanged reading) and also goes BLIND, with the reason (reached from a lower duty by a ramp,
-  never a jump; a sensor that comes back at or above ``guard_c`` is recovered at the lowest duty); a lost GPU
+  never a jump; a stuck reading that moves at or above ``guard_c`` is recovered at the lowest duty); a lost GPU
   stops dispatch at once (``STOPPED``, terminal); a reading ≥ ``emergency_c`` for ``emergency_s`` at minimum duty pauses
   dispatch until it falls to the setpoint.
 """
@@ -414,8 +414,9 @@ class Governor:
                     and now_s - self._error_since <= c.short_outage_s):
                 needed = min(needed, 2)  # a brief read outage: the sensor itself was never in doubt
             if self._state is GovernorState.BLIND and self._good_run < needed:
-                # the sensor is live again, and the blind duty is a guess for an unknown die, not for one this hot
-                hot = temp >= c.guard_c
+                # a reading judged stuck that moves is live again, and the blind duty is a guess for an unknown die,
+                # not for one this hot (a glitch-ridden sensor's hot readings are not trusted that far)
+                hot = self._blind_cause == "stuck" and temp >= c.guard_c
                 return self._decide(now_s, c.min_duty if hot else c.blind_duty, None, GovernorState.BLIND,
                                     f"recovering {self._good_run}/{needed}", headroom, power, temp)
             if self._state is GovernorState.BLIND:

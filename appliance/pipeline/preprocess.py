@@ -10,9 +10,10 @@ A :class:`Pipeline` (``pipelines/<name>.toml``) turns one frame of a validated
     window              the pipeline's fixed window (center/width, modality units) or the file's VOI -> [0, 1]
     invert_monochrome1  1 - x for MONOCHROME1 but not CT, whose HU it does not change (docs/dicom.md)
     resize              area resize to the model's H x W, written straight into the batch slot; with
-                        ``jpeg2000_lowpass = true`` a plain reversible JPEG 2000 frame of at least twice the
-                        model's size is decoded at half resolution instead (its 5/3 low-pass band, re-centred
-                        by a quarter pixel; docs/dicom.md), where the model's manifest allows it
+                        ``jpeg2000_lowpass = true`` a plain reversible JPEG 2000 frame of twice the model's
+                        size, or of four times it and more, is decoded at half resolution instead (its 5/3
+                        low-pass band, re-centred by a quarter pixel; docs/dicom.md), where the model's manifest
+                        allows it
     normalize           "none", or (x - mean) / std
 
 Pipeline file format (``format_version = 1``)::

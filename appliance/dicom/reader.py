@@ -183,6 +183,28 @@ def _cut_short(ds: Dataset) -> str | None:
     return None
 
 
+def _duplicated(ds: Dataset) -> str | None:
+    """Say so when an element appears twice at the top level: pydicom keeps the last value without a word.
+
+    pydicom keeps its elements in the order first seen and a repeat overwrites the value in place, so a repeat is the
+    element whose value lies further into the file than the next element's (unique elements out of tag order keep
+    their file order and pass). A second (0028,1052) Rescale Intercept after the pixel data silently replaced the
+    real one (docs/dicom.md). Read before any element is accessed, like :func:`_cut_short`.
+    """
+    last, prev = -1, None
+    for tag in ds.keys():
+        tell = getattr(ds.get_item(tag), "value_tell", None)
+        if tell is None:
+            continue
+        if tell < last and prev is not None:
+            t = int(prev)
+            name = dictionary_description(t) if dictionary_has_tag(t) else "a private or unknown element"
+            return (f"({t >> 16:04X},{t & 0xFFFF:04X}) {name} appears more than once: which value the writer meant "
+                    "cannot be known")
+        last, prev = tell, tag
+    return None
+
+
 def _check_items(count: int, limits: DicomLimits) -> None:
     """Refuse a dataset with more item tags than ``max_items``, before pydicom parses it.
 
@@ -244,7 +266,7 @@ def _swapped_hint(ds: Dataset, ts: str) -> str:
 def _identify(ds: Dataset) -> tuple[str, str, str]:
     """Return (transfer syntax, SOP class, SOP instance) or raise for a non-image / unidentifiable object."""
     ts = str(ds.file_meta.TransferSyntaxUID)
-    cut = _cut_short(ds)
+    cut, repeated = _cut_short(ds), _duplicated(ds)
     if len(ds) == 0:
         raise DicomError("the dataset has no data elements after the file meta information (truncated?)")
     sop_class = ds.get("SOPClassUID")
@@ -272,6 +294,8 @@ def _identify(ds: Dataset) -> tuple[str, str, str]:
     sop_instance = ds.get("SOPInstanceUID")
     if not sop_instance:
         raise DicomError(f"{tag_name('SOPInstanceUID')} is missing", field="dicom.SOPInstanceUID")
+    if repeated is not None:
+        raise DicomError(repeated, field="dicom")
     return ts, sop_class, str(sop_instance)
 
 def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:

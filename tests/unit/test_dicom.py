@@ -979,3 +979,13 @@ def test_a_malformed_modality_lut_names_the_element_at_fault(descriptor, data, m
     ds = make_dataset(rows=8, columns=8, ModalityLUTSequence=[item])
     with pytest.raises(DicomError, match=r"\(0028,3000\) Modality LUT Sequence: " + message):
         parse(to_bytes(ds))
+
+
+def test_an_element_that_appears_twice_is_refused_and_one_out_of_order_is_not():
+    """Review 17: a second (0028,1052) Rescale Intercept after Pixel Data silently replaced the real one."""
+    data = to_bytes(make_dataset(rows=8, columns=8, RescaleSlope=1, RescaleIntercept=-1024))
+    again = b"\x28\x00\x52\x10DS" + struct.pack("<H", 2) + b"0 "  # (0028,1052) DS "0", explicit VR little endian
+    with pytest.raises(DicomError, match=r"\(0028,1052\) Rescale Intercept appears more than once"):
+        parse(data + again)
+    late = b"\x08\x00\x70\x00LO" + struct.pack("<H", 2) + b"XX"  # (0008,0070) Manufacturer once, after the pixels
+    assert parse(data + late).rescale(0) == (1.0, -1024.0)

@@ -32,7 +32,6 @@ import zlib
 import numpy as np
 import pydicom
 from pydicom import uid as _uid
-from pydicom.datadict import dictionary_description, dictionary_has_tag
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.filereader import _read_file_meta_info, read_preamble
@@ -53,7 +52,15 @@ from appliance.dicom.pixels import (
     rescale_for,
     window_for,
 )
-from appliance.dicom.syntaxes import DECODER_PLUGINS, LOSSY_SYNTAXES, check_syntax, first_line, tag_name, uid_label
+from appliance.dicom.syntaxes import (
+    DECODER_PLUGINS,
+    LOSSY_SYNTAXES,
+    check_syntax,
+    first_line,
+    tag_label,
+    tag_name,
+    uid_label,
+)
 from appliance.errors import DicomError, LimitExceeded, NotApplicable
 
 __all__ = ["parse"]
@@ -176,10 +183,7 @@ def _cut_short(ds: Dataset) -> str | None:
     length = getattr(raw, "length", None)
     value = getattr(raw, "value", None)
     if isinstance(length, int) and length != 0xFFFFFFFF and isinstance(value, bytes) and len(value) < length:
-        tag = int(last)
-        name = dictionary_description(tag) if dictionary_has_tag(tag) else "a private or unknown element"
-        return (f"the file ends inside ({tag >> 16:04X},{tag & 0xFFFF:04X}) {name}: {len(value)} of its {length} "
-                "bytes are there (truncated)")
+        return f"the file ends inside {tag_label(int(last))}: {len(value)} of its {length} bytes are there (truncated)"
     return None
 
 
@@ -197,10 +201,7 @@ def _duplicated(ds: Dataset) -> str | None:
         if tell is None:
             continue
         if tell < last and prev is not None:
-            t = int(prev)
-            name = dictionary_description(t) if dictionary_has_tag(t) else "a private or unknown element"
-            return (f"({t >> 16:04X},{t & 0xFFFF:04X}) {name} appears more than once: which value the writer meant "
-                    "cannot be known")
+            return f"{tag_label(int(prev))} appears more than once: which value the writer meant cannot be known"
         last, prev = tell, tag
     return None
 

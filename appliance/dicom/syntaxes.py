@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from pydicom import uid as _uid
-from pydicom.datadict import dictionary_description, tag_for_keyword
+from pydicom.datadict import dictionary_description, dictionary_has_tag, tag_for_keyword
 from pydicom.pixels import get_decoder
 
 from appliance.errors import UnsupportedTransferSyntax
 from appliance.privacy import redact_foreign
 
 __all__ = ["DECODER_PLUGINS", "LOSSY_SYNTAXES", "MODALITIES", "NATIVE", "check_syntax", "decoder_report",
-           "defined_term", "first_line", "plugin_status", "tag_name", "ts_label", "uid_label"]
+           "defined_term", "first_line", "plugin_status", "tag_label", "tag_name", "ts_label", "uid_label"]
 
 NATIVE = "native"
 """Pseudo plugin name for the uncompressed syntaxes, decoded by pydicom's numpy-only native decoder."""
@@ -74,7 +74,13 @@ def tag_name(keyword: str) -> str:
     tag = tag_for_keyword(keyword)
     if tag is None:
         return keyword
-    return f"({tag >> 16:04X},{tag & 0xFFFF:04X}) {dictionary_description(tag)}"
+    return tag_label(tag)
+
+
+def tag_label(tag: int) -> str:
+    """Return ``"(gggg,eeee) Name"`` for a tag number; elements the dictionary lacks are named as such."""
+    name = dictionary_description(tag) if dictionary_has_tag(tag) else "a private or unknown element"
+    return f"({tag >> 16:04X},{tag & 0xFFFF:04X}) {name}"
 
 
 def uid_label(uid: str) -> str:

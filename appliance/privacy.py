@@ -23,14 +23,15 @@ import secrets
 import threading
 from pathlib import Path
 
+from pydicom.uid import RE_VALID_UID
+
 from appliance.errors import ConfigError, InputError
 
-__all__ = ["MAX_REQUEST_ID", "hash_uid", "load_uid_key", "redact_foreign", "reply_uid", "set_uid_key", "uid_key",
-           "validate_request_id"]
+__all__ = ["MAX_REQUEST_ID", "hash_uid", "is_uid", "load_uid_key", "redact_foreign", "reply_uid", "set_uid_key",
+           "uid_key", "validate_request_id"]
 
 MAX_REQUEST_ID = 64
 _MAX_UID = 64
-_UID_SYNTAX = re.compile(r"(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))*")  # pydicom's regular expression for VR UI
 
 _key_lock = threading.Lock()
 _key = secrets.token_bytes(32)
@@ -111,14 +112,18 @@ def redact_foreign(text: str) -> str:
     return _NAME_OR_ID.sub("<value>", _QUOTED.sub("<value>", text))
 
 
-def reply_uid(uid: str) -> str:
-    """``uid`` when it has UID syntax, else "" (what a success reply's ``sop_instance_uid`` carries).
+def is_uid(value: str) -> bool:
+    """Whether ``value`` has UID syntax: digits and dots, no component with a leading zero, at most 64 characters.
 
-    UID syntax is the test of pydicom's ``UID.is_valid``, which error messages use (``syntaxes.uid_label``): digits
-    and dots, no component with a leading zero, at most 64 characters (PS3.5 9.1). Matched here without building
+    pydicom's own expression (PS3.5 9.1), matched over the whole value (so no trailing newline) and without building
     a pydicom ``UID``, whose constructor warns and logs an invalid value, quoting it.
     """
-    return uid if len(uid) <= _MAX_UID and _UID_SYNTAX.fullmatch(uid) else ""
+    return len(value) <= _MAX_UID and RE_VALID_UID.fullmatch(value) is not None
+
+
+def reply_uid(uid: str) -> str:
+    """``uid`` when it has UID syntax (:func:`is_uid`), else "" (a success reply's ``sop_instance_uid``)."""
+    return uid if is_uid(uid) else ""
 
 
 def hash_uid(uid: str) -> str:

@@ -14,7 +14,7 @@ from pydicom.datadict import dictionary_description, dictionary_has_tag, tag_for
 from pydicom.pixels import get_decoder
 
 from appliance.errors import UnsupportedTransferSyntax
-from appliance.privacy import redact_foreign
+from appliance.privacy import is_uid, redact_foreign
 
 __all__ = ["DECODER_PLUGINS", "LOSSY_SYNTAXES", "MODALITIES", "NATIVE", "check_syntax", "decoder_report",
            "defined_term", "first_line", "plugin_status", "tag_label", "tag_name", "ts_label", "uid_label"]
@@ -89,9 +89,9 @@ def uid_label(uid: str) -> str:
     A value that is not UID syntax (digits and dots, at most 64 characters) is not quoted: any text can sit in
     the element, including patient data.
     """
-    value = _uid.UID(uid)
-    if not value.is_valid:
+    if not is_uid(uid):
         return "(not a valid UID)"
+    value = _uid.UID(uid)
     return f"'{value.name}' ({uid})" if value.name and value.name != uid else f"'{uid}'"
 
 

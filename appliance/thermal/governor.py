@@ -128,7 +128,6 @@ class Governor:
         self._jump_run: list[float] = []
         self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
         self._guard_run = 0  # consecutive samples the guard capped the budget
-        self._hot_run = 0  # consecutive regulated readings at or above guard_c
         self._recent: deque[float] = deque(maxlen=_GUARD_HOT_WINDOW)  # the last regulated readings
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
@@ -498,9 +497,9 @@ class Governor:
         budget = self._integral + kp * e_p
         reason = "pi"
         # readings held at the guard are not noise: the guard acts on them whatever the models predict
-        self._hot_run = self._hot_run + 1 if reading >= c.guard_c else 0
         self._recent.append(reading)
-        held = (self._hot_run >= _GUARD_HOT_READINGS
+        last = list(self._recent)[-_GUARD_HOT_READINGS:]
+        held = (len(last) == _GUARD_HOT_READINGS and min(last) >= c.guard_c
                 and sum(self._recent) / len(self._recent) >= c.guard_c - _GUARD_HOT_MEAN_C)
         if max(temp, filtered) >= c.guard_c or held:
             cap = c.guard_factor * power

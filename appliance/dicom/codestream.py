@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydicom import uid as _uid
 
-from appliance.dicom.streamend import j2k_end_before_another, jpeg_end, trailing_bytes
+from appliance.dicom.streamend import MAX_PAD, j2k_end_before_another, jpeg_end, trailing_bytes
 
 __all__ = ["SOF_MARKERS", "FrameGeometry", "StreamError", "check_frame", "j2k_reversible_levels", "segments",
            "stream_kind"]
@@ -113,7 +113,7 @@ def _ends_with_eoi(frame: bytes) -> bool:
     # Fragments are padded to an even length with 00, and some writers pad with FF or more than one byte (pydicom's
     # own JPGExtended.dcm ends FF D9 FF). FF D9 cannot occur inside JPEG entropy-coded data (FF is stuffed with 00)
     # nor inside a J2K packet body (FF is never followed by a byte above 8F there), so only the marker ends with it.
-    tail = frame[-64:].rstrip(b"\x00\xff")
+    tail = frame[-(MAX_PAD + 2):].rstrip(b"\x00\xff")  # the pad that may follow the end (streamend.MAX_PAD)
     return tail.endswith(b"\xff\xd9")
 
 

@@ -451,6 +451,9 @@ def modality_lut_table(ds: Dataset, pm: PixelModule) -> tuple[int, np.ndarray] |
         table = np.asarray(apply_modality_lut(np.arange(read, read + n_entries, dtype=np.int64), ds),
                            dtype=np.float32)
         first = read - (1 << 16) if pm.pixel_representation == 1 and read >= 1 << 15 else read
+    except OverflowError as e:  # pydicom holds 8-bit entries in uint8: wider values in the data do not fit
+        raise DicomError(f"{tag_name('ModalityLUTSequence')}: {tag_name('LUTData')} holds values wider than the bits "
+                         f"per entry its {tag_name('LUTDescriptor')} gives", field="dicom.ModalityLUTSequence") from e
     except Exception as e:  # noqa: BLE001 - malformed LUT descriptor or data
         raise DicomError(f"{tag_name('ModalityLUTSequence')} is malformed: {type(e).__name__}",
                          field="dicom.ModalityLUTSequence") from e
@@ -475,11 +478,12 @@ def _check_lut_item(item: Dataset) -> None:
     data = item.get("LUTData")
     if data is None or isinstance(data, bytes | str) and not data:
         raise DicomError(f"{where}: {tag_name('LUTData')} is missing or empty", field="dicom.ModalityLUTSequence")
-    # 8-bit entries may be packed two to a word, so only wider ones are counted here
-    listed = isinstance(data, Sequence) and not isinstance(data, str | bytes)
-    if bits > 8 and listed and len(data) != (entries or 65536):
-        raise DicomError(f"{where}: {tag_name('LUTData')} holds {len(data)} entries, but {tag_name('LUTDescriptor')} "
-                         f"says {entries or 65536}", field="dicom.ModalityLUTSequence")
+    # 8-bit entries may be packed two to a word, so only wider ones are counted here (2 bytes each when read as OW)
+    if bits > 8 and isinstance(data, bytes | Sequence) and not isinstance(data, str):
+        count = len(data) // 2 if isinstance(data, bytes) else len(data)
+        if count != (entries or 65536):
+            raise DicomError(f"{where}: {tag_name('LUTData')} holds {count} entries, but "
+                             f"{tag_name('LUTDescriptor')} says {entries or 65536}", field="dicom.ModalityLUTSequence")
 
 
 def pixel_spacing(ds: Dataset) -> tuple[float, float] | None:

@@ -966,19 +966,21 @@ def test_a_file_cut_inside_an_element_is_damaged_not_a_non_image_object():
     ([4, 0, 16], [], r"\(0028,3006\) LUT Data is missing or empty"),
     ([4, 0, 16], [10, 20, 30], r"\(0028,3006\) LUT Data holds 3 entries, but \(0028,3002\) LUT Descriptor says 4"),
     ([4, 0, 40], [10, 20, 30, 40], r"\(0028,3002\) LUT Descriptor gives 40 bits per entry"),
+    ([4, 0, 8], [10, 20, 300, 40], r"\(0028,3006\) LUT Data holds values wider than the bits per entry"),
 ])
 def test_a_malformed_modality_lut_names_the_element_at_fault(descriptor, data, message):
     """Review 17: the replies said only "Modality LUT Sequence is malformed: OverflowError" (or TypeError)."""
     from pydicom.dataset import Dataset
 
-    item = Dataset()
-    item.add_new(0x00283002, "US", descriptor)
-    if data:
-        item.add_new(0x00283006, "US", data)
-    item.ModalityLUTType = "HU"
-    ds = make_dataset(rows=8, columns=8, ModalityLUTSequence=[item])
-    with pytest.raises(DicomError, match=r"\(0028,3000\) Modality LUT Sequence: " + message):
-        parse(to_bytes(ds))
+    for vr in ("US", "OW"):  # read as a list of values, or as the bytes of OW (a held-out review's file)
+        item = Dataset()
+        item.add_new(0x00283002, "US", descriptor)
+        if data:
+            item.add_new(0x00283006, vr, data if vr == "US" else struct.pack(f"<{len(data)}H", *data))
+        item.ModalityLUTType = "HU"
+        ds = make_dataset(rows=8, columns=8, ModalityLUTSequence=[item])
+        with pytest.raises(DicomError, match=r"\(0028,3000\) Modality LUT Sequence: " + message):
+            parse(to_bytes(ds))
 
 
 def test_an_element_that_appears_twice_is_refused_and_one_out_of_order_is_not():

@@ -72,7 +72,8 @@ def test_missing_sensor_states() -> None:
 def test_setpoint_for_delay() -> None:
     # up to 3 s rated, plus the 0.5 s commissioning adds to its fit
     assert setpoint_for_delay(0.5) == setpoint_for_delay(3.0) == setpoint_for_delay(3.5) == 72.5
-    assert setpoint_for_delay(4.5) == 72.0
+    assert setpoint_for_delay(4.5) == 72.25  # a sensor slower than rated: 0.25 °C per second beyond
+    assert setpoint_for_delay(15.5) == 69.5
     with pytest.raises(ValueError, match="delay"):
         setpoint_for_delay(-1.0)
     cfg = ThermalConfig(setpoint_c=setpoint_for_delay(3.0))

@@ -19,7 +19,7 @@ from pydicom.uid import JPEG2000, ExplicitVRBigEndian, JPEG2000Lossless, RLELoss
 from appliance.dicom.codestream import FrameGeometry, StreamError, check_frame, j2k_reversible_levels, stream_kind
 from appliance.dicom.jpegcheck import jpeg_data_lost, lossless_data_lost
 from appliance.dicom.openjpeg import decode_j2k_grey, decode_j2k_lowpass
-from appliance.dicom.rlecheck import rle_segments_swapped
+from appliance.dicom.rlecheck import rle_first_segment, rle_segments_swapped, rle_size_problem
 from appliance.dicom.syntaxes import MODALITIES, NATIVE, defined_term, first_line, tag_name, ts_label
 from appliance.errors import DicomError
 
@@ -162,6 +162,8 @@ class DicomInstance:
         except (KeyboardInterrupt, SystemExit, MemoryError):
             raise
         except BaseException as e:  # noqa: BLE001 - a Rust panic (pyo3 PanicException) is a BaseException too
+            if frame is not None and self.transfer_syntax_uid == RLELossless:
+                self._explain_rle(index, frame)
             raise self._decode_failed(index, f"using plugin {self.decoding_plugin!r}", e) from e
         if arr.shape != self.frame_shape:
             raise DicomError(
@@ -174,12 +176,16 @@ class DicomInstance:
             self._check_range(index, arr)
             if stream_kind(self.transfer_syntax_uid) == "jpeg":
                 self._check_lossless(index, frame, arr)
-            elif (self.transfer_syntax_uid == RLELossless and self.samples_per_pixel == 1 and self.bits_allocated == 16
-                  and rle_segments_swapped(frame, self.rows * self.columns, self.bits_stored,
-                                           bool(self.pixel_representation))):
-                raise DicomError(f"{tag_name('PixelData')} frame {index} (RLE Lossless): the segments are in the wrong "
-                                 "order (the low bytes come first; PS3.5 G.2 puts the high bytes first), so every "
-                                 "value would be byte-swapped", field="dicom.PixelData")
+            elif self.transfer_syntax_uid == RLELossless:
+                high, problem = rle_first_segment(frame, self._rle_segment_bytes())
+                if problem is not None:
+                    raise self._rle_size_error(index, problem)
+                if (self.samples_per_pixel == 1 and self.bits_allocated == 16 and high is not None
+                        and rle_segments_swapped(frame, self.rows * self.columns, self.bits_stored,
+                                                 bool(self.pixel_representation), high)):
+                    raise DicomError(f"{tag_name('PixelData')} frame {index} (RLE Lossless): the segments are in the "
+                                     "wrong order (the low bytes come first; PS3.5 G.2 puts the high bytes first), so "
+                                     "every value would be byte-swapped", field="dicom.PixelData")
         return arr, str(props.get("photometric_interpretation", self.photometric))
 
     def _check_lossless(self, index: int, frame: bytes, arr: np.ndarray) -> None:
@@ -267,6 +273,24 @@ class DicomInstance:
                 field="dicom.PixelData",
             )
         return arr
+
+    def _rle_segment_bytes(self) -> int:
+        """Bytes each RLE segment of a frame decodes to: one per pixel (1-bit frames: packed, PS3.5 G.2)."""
+        pixels = self.rows * self.columns
+        return pixels if self.bits_allocated >= 8 else -(-pixels // 8)
+
+    def _explain_rle(self, index: int, frame: bytes) -> None:
+        """Raise the client error naming the RLE segment whose size is wrong, if one is (docs/dicom.md, "RLE")."""
+        problem = rle_size_problem(frame, self._rle_segment_bytes())
+        if problem is not None:
+            raise self._rle_size_error(index, problem)
+
+    def _rle_size_error(self, index: int, problem: str) -> DicomError:
+        return DicomError(
+            f"{tag_name('PixelData')} frame {index} ({ts_label(self.transfer_syntax_uid)}, {tag_name('Rows')} x "
+            f"{tag_name('Columns')} = {self.rows} x {self.columns}): {problem}",
+            field="dicom.PixelData",
+        )
 
     def _decode_failed(self, index: int, how: str, error: BaseException) -> DicomError:
         """The client error for a decoder that failed on frame ``index`` (``how``: which decoder, which way)."""

@@ -54,6 +54,21 @@ def _file(stored: np.ndarray, *, swap: bool = False, high: np.ndarray | None = N
     return to_bytes(ds)
 
 
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the length of every segment given to pylibjpeg-rle's ``decode_segment``."""
+    import rle.rle  # type: ignore[import-not-found]
+
+    calls: list[int] = []
+    real = rle.rle.decode_segment
+
+    def counting(data: bytes) -> bytes:
+        calls.append(len(data))
+        return real(data)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(rle.rle, "decode_segment", counting)
+    return calls
+
+
 def _ct(signed: bool = False) -> np.ndarray:
     values = synthetic.stored_values(synthetic.generate_slice(3, size=256)).astype(np.int32)
     assert values.max() < 2048 + 1024  # fits 12 bits signed after the shift below
@@ -81,12 +96,8 @@ def test_overlay_bits_above_bits_stored_are_masked_as_before_not_refused() -> No
     assert np.array_equal(parse(_file(stored, high=high)).decode_frame(0), stored)
 
 
-def test_the_check_decodes_only_the_high_byte_segment_of_an_ordinary_frame(monkeypatch) -> None:
-    import rle.rle
-
-    calls: list[int] = []
-    real = rle.rle.decode_segment
-    monkeypatch.setattr(rle.rle, "decode_segment", lambda data: calls.append(len(data)) or real(data))
+def test_the_check_decodes_only_the_high_byte_segment_of_an_ordinary_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_decodes(monkeypatch)
     stored = _ct()
     words = stored.view(np.uint16)
     frame = _frame(_segment(words >> 8), _segment(words & 0xFF))
@@ -119,24 +130,17 @@ def test_the_size_of_a_segment_is_counted_from_its_run_headers_and_stops_past_th
     assert rle_size_problem(_frame(_segment(words >> 8), _segment(words & 0xFF)), words.size) is None  # padded
 
 
-def test_a_frame_is_decoded_once_and_its_high_byte_segment_once_more(monkeypatch) -> None:
+def test_a_frame_is_decoded_once_and_its_high_byte_segment_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
     # the size check and the order check share one decode of the first segment (docs/dicom.md, "RLE")
-    import rle.rle
-
-    calls: list[int] = []
-    real = rle.rle.decode_segment
-    monkeypatch.setattr(rle.rle, "decode_segment", lambda data: calls.append(len(data)) or real(data))
+    calls = _count_decodes(monkeypatch)
     stored = _ct()
     assert np.array_equal(parse(_file(stored)).decode_frame(0), stored)
     assert len(calls) == 1
 
 
-def test_a_first_segment_that_could_claim_more_than_the_cap_is_counted_before_it_is_decoded(monkeypatch) -> None:
-    import rle.rle
-
-    calls: list[int] = []
-    real = rle.rle.decode_segment
-    monkeypatch.setattr(rle.rle, "decode_segment", lambda data: calls.append(len(data)) or real(data))
+def test_a_first_segment_that_could_claim_more_than_the_cap_is_counted_before_it_is_decoded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_decodes(monkeypatch)
     bomb = b"\x81\x00" * (DECODE_CAP_BYTES // 64)  # 2 MB claiming 128 MB
     high, problem = rle_first_segment(_frame(bomb, _segment(np.zeros(65536))), 65536)
     assert high is None and "segment 1 of 2 decodes to more than the 65536 bytes" in (problem or "")

@@ -187,13 +187,20 @@ def _cut_short(ds: Dataset) -> str | None:
     return None
 
 
-def _duplicated(ds: Dataset) -> str | None:
-    """Say so when an element appears twice at the top level: pydicom keeps the last value without a word.
+#: The sequences whose items the pipelines read (the modality LUT; an enhanced image's functional groups and the
+#: macros inside them): a repeat inside their items is refused like one at the top level.
+_ITEM_CHECKED = ("ModalityLUTSequence", "SharedFunctionalGroupsSequence", "PerFrameFunctionalGroupsSequence",
+                 "PixelValueTransformationSequence", "FrameVOILUTSequence", "PixelMeasuresSequence")
+
+
+def _duplicated(ds: Dataset, where: str = "") -> str | None:
+    """Say so when an element appears twice in a dataset or an item the pipelines read: pydicom keeps the last value.
 
     pydicom keeps its elements in the order first seen and a repeat overwrites the value in place, so a repeat is the
     element whose value lies further into the file than the next element's (unique elements out of tag order keep
     their file order and pass). A second (0028,1052) Rescale Intercept after the pixel data silently replaced the
-    real one (docs/dicom.md). Read before any element is accessed, like :func:`_cut_short`.
+    real one (docs/dicom.md); inside a functional group's Pixel Value Transformation item it did the same. Read before
+    any element is accessed, like :func:`_cut_short` (a value read turns an element into one without a position).
     """
     last, prev = -1, None
     for tag in ds.keys():
@@ -201,8 +208,21 @@ def _duplicated(ds: Dataset) -> str | None:
         if tell is None:
             continue
         if tell < last and prev is not None:
-            return f"{tag_label(int(prev))} appears more than once: which value the writer meant cannot be known"
+            return f"{tag_label(int(prev))} appears more than once{where}: which value the writer meant cannot be known"
         last, prev = tell, tag
+    for keyword in _ITEM_CHECKED:
+        if keyword not in ds:
+            continue
+        try:
+            items = list(ds[keyword].value)
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException:  # noqa: BLE001 - a malformed sequence is refused where it is read, with its own words
+            continue
+        for k, item in enumerate(items):
+            if isinstance(item, Dataset) and (found := _duplicated(item, f" in item {k + 1} of {tag_name(keyword)}"
+                                                                   f"{where}")) is not None:
+                return found
     return None
 
 

@@ -772,6 +772,19 @@ def test_per_frame_functional_groups_that_miss_a_frame_are_refused():
         parse(to_bytes(ds))
 
 
+def test_an_element_repeated_inside_a_functional_group_item_is_refused():
+    """Session 18: a repeat inside an item the pipelines read kept its last value, like one at the top level did."""
+    data = to_bytes(_enhanced_two_frames([-1024, -1000]))
+    rescale_type = b"\x28\x00\x54\x10LO" + struct.pack("<H", 2) + b"HU"  # (0028,1054) Rescale Type "HU"
+    intercept = b"\x28\x00\x52\x10DS" + struct.pack("<H", 2) + b"0 "  # (0028,1052) Rescale Intercept "0"
+    second = data.index(rescale_type, data.index(rescale_type) + 1)  # frame 1's item: a repeated intercept there
+    with pytest.raises(DicomError, match=r"\(0028,1052\) Rescale Intercept appears more than once in item 1 of "
+                                         r"\(0028,9145\) Pixel Value Transformation Sequence in item 2 of "
+                                         r"\(5200,9230\) Per-Frame Functional Groups Sequence"):
+        parse(data[:second] + intercept + data[second + len(intercept):])
+    assert parse(data).rescale(1) == (1.0, -1000.0)
+
+
 @pytest.mark.parametrize("high_bit", [15, 3])
 def test_a_high_bit_other_than_bits_stored_minus_one_is_refused_naming_it(high_bit):
     """Held-out review, session 14: High Bit 15 with Bits Stored 12 (samples in bits 4..15) scored 0.96 for 0.11."""

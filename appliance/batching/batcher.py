@@ -39,7 +39,7 @@ __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 log = logging.getLogger(__name__)
 
 #: One submitted batch: the engine's ticket, its frames, and when it was submitted.
-InFlight = tuple[object, list[WorkItem], float]
+InFlight = tuple[object, list[WorkItem], float, float]  # ticket, items, t0, pacer charge
 
 
 class Batcher(Inbox):
@@ -177,6 +177,7 @@ class Batcher(Inbox):
                 if block:
                     self._cond.wait(timeout=max(wait, 1e-4))
                 return wait
+            charge = self.pacer.launch(self.batch_s_estimate) if items else 0.0  # the bucket refills while it runs
             for item in items or ():
                 self._ready.remove(item)
                 item.state = ItemState.RUNNING
@@ -187,7 +188,7 @@ class Batcher(Inbox):
             self._gather(items)
         self._deliver()
         if items:
-            self._submit(items)
+            self._submit(items, charge)
         if self._in_flight and (not items or len(self._in_flight) >= self._depth):
             self._collect(*self._in_flight.popleft())
             with self._cond:  # hold only while the engine has nothing else to run and a full batch waits
@@ -223,8 +224,11 @@ class Batcher(Inbox):
                 self._release(item)
             self._cond.notify_all()
 
-    def _submit(self, items: list[WorkItem]) -> None:
-        """Submit the gathered batch to the engine (the ONNX Runtime CPU engine runs it now)."""
+    def _submit(self, items: list[WorkItem], charge: float) -> None:
+        """Submit the gathered batch to the engine (the ONNX Runtime CPU engine runs it now).
+
+        ``charge`` is what the pacer took at launch; a batch the engine refuses gives it back.
+        """
         with self._cond:
             rate = self._arrival_rate(self.clock.monotonic(), decoded=True)
             backlog = len(self._ready)  # decoded frames already waiting for the engine beyond this batch
@@ -241,7 +245,9 @@ class Batcher(Inbox):
                                             preprocess_s=preprocess_s, cores=self.preprocess_cores))
             ok, ticket = self._engine_call(items, self.engine.submit, self._batch)
         if ok:
-            self._in_flight.append((ticket, items, t0))
+            self._in_flight.append((ticket, items, t0, charge))
+        else:
+            self.pacer.consume(0.0, charge)
 
     def _engine_call(self, items: list[WorkItem], call: Callable[[Any], Any], arg: Any) -> tuple[bool, Any]:
         """Call the engine; on failure fail the batch's frames (EngineError, or a bug wrapped as one)."""
@@ -254,7 +260,7 @@ class Batcher(Inbox):
             self._fail_batch(items, EngineError(f"engine failed: {type(e).__name__}: {e}"))
         return False, None
 
-    def _collect(self, ticket: object, items: list[WorkItem], t0: float) -> None:
+    def _collect(self, ticket: object, items: list[WorkItem], t0: float, charge: float) -> None:
         """Wait for a submitted batch and split its rows back to its frames."""
         ok, outputs = self._engine_call(items, self.engine.result, ticket)
         if not self._in_flight:
@@ -263,7 +269,7 @@ class Batcher(Inbox):
             return
         engine_s = self.clock.monotonic() - t0
         self.heartbeat = self.clock.monotonic()
-        self.pacer.consume(engine_s)
+        self.pacer.consume(engine_s, charge)
         self.batch_s_estimate = 0.8 * self.batch_s_estimate + 0.2 * engine_s
         self.batches += 1
         n = len(items)

@@ -14,8 +14,14 @@ class Pacer:
     """Turns a thermal duty u in [0, 1] into gaps between launches: a token bucket of engine-busy seconds.
 
     The bucket refills at rate u and holds about one batch. A batch that takes b seconds may launch once the
-    bucket holds b; for u < 1 that leaves gaps of about b(1-u)/u. Thread-safe. It also accounts the busy
-    fraction the engine achieved, which the governor uses for anti-windup.
+    bucket holds b, and is charged when it launches (:meth:`launch`), so the bucket refills while it runs; for u < 1
+    that leaves gaps of about b(1-u)/u and a busy fraction of u. Thread-safe. It also accounts the busy fraction
+    the engine achieved, which the governor uses for anti-windup.
+
+    Until session 18 a batch was charged only when it ended (:meth:`consume`): the bucket stood full while the batch
+    ran and the refill of those b seconds was lost, so every gap was b/u and the engine was busy u/(1+u) of the
+    time (0.33 at a duty of 0.5), which the governor's anti-windup then read as work that was not there
+    (docs/thermal.md, "The pacer").
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -63,13 +69,27 @@ class Pacer:
             return 0.0
         return math.inf if u <= 0.0 else cost_s * (1.0 - u) / u
 
-    def consume(self, busy_s: float) -> None:
-        """Account one batch that kept the engine busy for ``busy_s``."""
+    def launch(self, cost_s: float) -> float:
+        """Charge a batch expected to take ``cost_s`` as it launches; return the charge to give :meth:`consume`.
+
+        At a duty of 1 nothing is paced and nothing is charged (0.0).
+        """
+        with self._lock:
+            if self._duty >= 1.0:
+                return 0.0
+            now = self._clock.monotonic()
+            self._capacity = max(self._capacity, cost_s)
+            self._refill(now)
+            self._tokens -= cost_s
+            return cost_s
+
+    def consume(self, busy_s: float, charged_s: float = 0.0) -> None:
+        """Account one batch that kept the engine busy for ``busy_s``; ``charged_s`` is what :meth:`launch` took."""
         with self._lock:
             now = self._clock.monotonic()
             self._capacity = max(self._capacity, busy_s)
             self._refill(now)
-            self._tokens -= busy_s
+            self._tokens += charged_s - busy_s
             self._busy_s += busy_s
 
     def take_busy_fraction(self) -> float:

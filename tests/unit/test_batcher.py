@@ -631,6 +631,41 @@ def test_pacer_busy_fraction():
     assert pacer.take_busy_fraction() == 0.0
 
 
+@pytest.mark.parametrize("batch_s", [0.05, 1.0])
+def test_a_paced_serial_engine_is_busy_for_the_duty(batch_s: float) -> None:
+    """Held-out review, session 18: charged only when a batch ended, the bucket stood full while it ran and lost that
+    refill, so the engine was busy u/(1+u): 0.33 at a duty of 0.5, 0.47 at 0.9."""
+    for duty in (0.25, 0.5, 0.9):
+        clock = ManualClock()
+        pacer = Pacer(clock)
+        pacer.set_duty(duty)
+        pacer.take_busy_fraction()
+        while clock.monotonic() < 400 * batch_s:
+            wait = pacer.delay(batch_s)
+            if wait > 1e-12:
+                clock.advance(wait)
+                continue
+            charge = pacer.launch(batch_s)
+            clock.advance(batch_s)  # the batch runs
+            pacer.consume(batch_s, charge)
+        assert pacer.take_busy_fraction() == pytest.approx(duty, abs=0.01)
+
+
+def test_a_throttled_batcher_keeps_the_engine_busy_for_the_duty(fake_manifest):
+    h = Harness(fake_manifest, engine_opts={"latency_s": 0.05}, max_wait_s=0.0)
+    h.batcher.batch_s_estimate = 0.05
+    h.batcher.pacer.set_duty(0.5)
+    h.batcher.pacer.take_busy_fraction()
+    start = h.clock.monotonic()
+    while h.clock.monotonic() - start < 20.0:  # work always waiting: only the pacer holds the engine back
+        if h.batcher.unfinished < 8:
+            h.submit([0.3] * 4)
+        wait = h.batcher.step(block=False)
+        if wait:
+            h.clock.advance(wait)
+    assert h.batcher.pacer.take_busy_fraction() == pytest.approx(0.5, abs=0.02)
+
+
 class _HostEngine(FakeEngine):
     """A fake engine that computes on the host's cores (3 threads bursting, else 1), recording what the batcher
     reports while a batch runs."""

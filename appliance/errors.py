@@ -7,7 +7,8 @@
     │   ├── DicomError                  (INVALID_ARGUMENT)   not DICOM, missing/contradictory tag, bad pixels
     │   ├── UnsupportedTransferSyntax   (INVALID_ARGUMENT)   no installed decoder for the syntax
     │   ├── LimitExceeded               (INVALID_ARGUMENT)   pixels/frames/bytes over a configured limit
-    │   └── UnknownPipeline             (NOT_FOUND)          pipeline name not loaded
+    │   ├── UnknownPipeline             (NOT_FOUND)          pipeline name not loaded
+    │   └── UnknownModel                (NOT_FOUND)          OIP model name or version not served
     ├── NotApplicable                   (FAILED_PRECONDITION) valid DICOM the pipeline cannot use (RT Plan, SR)
     ├── Overloaded                      (RESOURCE_EXHAUSTED) inbox full / deadline cannot be met; retry later
     ├── Unavailable                     (UNAVAILABLE)        warming up, draining, thermal stop; retry later
@@ -42,6 +43,7 @@ __all__ = [
     "NotApplicable",
     "Overloaded",
     "Unavailable",
+    "UnknownModel",
     "UnknownPipeline",
     "UnsupportedTransferSyntax",
 ]
@@ -89,6 +91,13 @@ class UnknownPipeline(InputError):
 
     code = grpc.StatusCode.NOT_FOUND
     reason = "UNKNOWN_PIPELINE"
+
+
+class UnknownModel(InputError):
+    """An Open Inference Protocol call names a model (or version) this server does not serve."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "UNKNOWN_MODEL"
 
 
 class NotApplicable(ApplianceError):

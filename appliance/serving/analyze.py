@@ -227,7 +227,8 @@ class RequestPath:
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         name = pipeline or self.default_pipeline
         if name not in self.pipelines:
-            raise UnknownPipeline(f"unknown pipeline {name!r}; loaded: {sorted(self.pipelines)}", field="pipeline")
+            shown = name if len(name) <= 64 else f"{name[:64]}... ({len(name)} characters)"  # never echoed whole
+            raise UnknownPipeline(f"unknown pipeline {shown!r}; loaded: {sorted(self.pipelines)}", field="pipeline")
         if len(dicom) > self.limits.max_message_bytes:
             raise Overloaded(
                 f"request of {len(dicom)} bytes exceeds server.max_message_bytes = {self.limits.max_message_bytes}",

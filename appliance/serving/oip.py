@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import struct
 import time
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from grpc_status import rpc_status
 
 from appliance import __version__
 from appliance.batching.work import Priority
-from appliance.errors import ApplianceError, InputError, LimitExceeded
+from appliance.errors import ApplianceError, InputError, LimitExceeded, UnknownModel
 from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
@@ -60,10 +61,17 @@ def serialize_bytes(items: Sequence[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(x)) + x for x in items)
 
 
-def deserialize_bytes(blob: bytes, where: str = "input") -> list[bytes]:
-    """Decode raw BYTES contents (see :func:`serialize_bytes`); InputError if a length runs past the end."""
-    items, offset, view = [], 0, memoryview(blob)
+def deserialize_bytes(blob: bytes, where: str = "input", limit: int | None = None) -> list[bytes]:
+    """Decode raw BYTES contents (see :func:`serialize_bytes`); InputError if a length runs past the end.
+
+    With ``limit``, InputError as soon as there are more elements than that (16 million empty elements took the
+    event loop 6 s to decode before their count was compared with the shape).
+    """
+    items: list[bytes] = []
+    offset, view = 0, memoryview(blob)
     while offset < len(view):
+        if limit is not None and len(items) >= limit:
+            raise InputError(f"{where}: more BYTES elements than the {limit} its shape declares", field=where)
         if offset + 4 > len(view):
             raise InputError(f"{where}: truncated BYTES element length at offset {offset}", field=where)
         (n,) = struct.unpack_from("<I", view, offset)
@@ -73,6 +81,26 @@ def deserialize_bytes(blob: bytes, where: str = "input") -> list[bytes]:
         items.append(bytes(view[offset : offset + n]))
         offset += n
     return items
+
+
+def _clip(text: str, limit: int = 64) -> str:
+    """A client-supplied name as error messages may echo it: at most ``limit`` characters, then its length.
+
+    gRPC refuses trailing metadata over 16 KB, so a 20 KB model name echoed whole turned NOT_FOUND into a
+    RESOURCE_EXHAUSTED "metadata size exceeds hard limit", which clients read as overload (session 18).
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+_JOURNAL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _journal_name(name: str) -> str:
+    """A model name as the journal may write it: names of letters, digits, '.', '_' and '-' only, else "-".
+
+    The journal line is ``ModelInfer <view> <id> <code>``: a name with spaces could forge the rest of it.
+    """
+    return name if _JOURNAL_NAME.fullmatch(name) else "-"
 
 
 @dataclass
@@ -236,6 +264,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             except InputError as e:
                 raise InputError(f"id: {e}", field="id") from None
             priority, time_remaining = self._schedule(request, context)
+            if len(request.outputs) > len(self._output_names(view)):  # some repeated: refused before any is read
+                raise InputError(f"{len(request.outputs)} outputs requested; model {view!r} has "
+                                 f"{len(self._output_names(view))}, each may be requested once", field="outputs")
             _refuse_extensions(request)  # before computing anything
             wanted = self._wanted(request, view, self._output_names(view))
             if view == self.tensor_view:
@@ -340,7 +371,13 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
             raise LimitExceeded(f"input 'dicom' holds {tensor.shape[0]} files; at most {self.max_files} per request "
                                 "(config key batcher.queue_capacity): send them in several requests", field="dicom")
-        files = deserialize_bytes(raw, "dicom") if raw is not None else list(tensor.contents.bytes_contents)
+        declared = tensor.shape[0] if len(tensor.shape) == 1 else 0
+        if raw is not None:
+            files = deserialize_bytes(raw, "dicom", limit=max(declared, 1))
+        elif len(tensor.contents.bytes_contents) > max(declared, 1):  # counted before a list is built
+            files = []
+        else:
+            files = list(tensor.contents.bytes_contents)
         if len(tensor.shape) != 1 or tensor.shape[0] != len(files) or not files:
             raise InputError(
                 f"input 'dicom' must have shape [N] with N >= 1 matching its {len(files)} elements, "
@@ -405,23 +442,26 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         the line is there before the client can see the answer.
         """
         if name not in self._stats:
-            why = f"Request for unknown model: '{name}' is not found (served: {', '.join(self._stats)})"
+            why = f"Request for unknown model: '{_clip(name)}' is not found (served: {', '.join(self._stats)})"
         elif version not in ("", self.analyzer.model.version):
-            why = (f"Request for unknown model: '{name}' version {version} is not found "
+            why = (f"Request for unknown model: '{name}' version {_clip(version)} is not found "
                    f"(served: {self.analyzer.model.version})")
         else:
             return name
-        if journal is not None:
-            self._journal(loggable_id(name), journal[0], "NOT_FOUND", journal[1])
-        await context.abort(grpc.StatusCode.NOT_FOUND, why)
-        raise AssertionError("unreachable: abort raises")
+        error = UnknownModel(why, field="model_name")
+        if journal is not None:  # a ModelInfer: journalled and counted like every other refusal
+            self._journal(_journal_name(name), journal[0], "NOT_FOUND", journal[1])
+            self.analyzer.count_refused(error)
+        await context.abort_with_status(rpc_status.to_status(error_status(error)))
+        raise AssertionError("unreachable: abort_with_status raises")
 
     @staticmethod
     def _single_input(
         request: oip.ModelInferRequest, expected: str
     ) -> tuple[oip.ModelInferRequest.InferInputTensor, bytes | None]:
         if len(request.inputs) != 1 or request.inputs[0].name != expected:
-            got = [t.name for t in request.inputs]
+            got = [_clip(t.name) for t in request.inputs[:4]] + ([f"... {len(request.inputs)} in all"]
+                                                                   if len(request.inputs) > 4 else [])
             raise InputError(f"expected exactly one input named {expected!r}, got {got}", field="inputs")
         if request.raw_input_contents and len(request.raw_input_contents) != 1:
             raise InputError(
@@ -475,14 +515,19 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     @staticmethod
     def _wanted(request: oip.ModelInferRequest, view: str, names: list[str]) -> list[str]:
-        """The requested outputs (all when none are named); unknown or repeated names are refused."""
+        """The requested outputs (all when none are named); unknown or repeated names are refused.
+
+        Linear in the request (a 1.7 MB request naming one output 50,000 times held the event loop for 26 s while
+        ``list.count`` looked for repeats, session 18).
+        """
         wanted = [o.name for o in request.outputs] or names
-        unknown = [w for w in wanted if w not in names]
-        if unknown:
-            raise InputError(f"unexpected inference output {unknown[0]!r} for model {view!r}", field="outputs")
-        if len(set(wanted)) != len(wanted):
-            twice = sorted({w for w in wanted if wanted.count(w) > 1})
-            raise InputError(f"inference output {twice[0]!r} is requested more than once", field="outputs")
+        known, seen = set(names), set()
+        for w in wanted:
+            if w not in known:
+                raise InputError(f"unexpected inference output {_clip(w)!r} for model {view!r}", field="outputs")
+            if w in seen:
+                raise InputError(f"inference output {_clip(w)!r} is requested more than once", field="outputs")
+            seen.add(w)
         return wanted
 
     def _output_names(self, view: str) -> list[str]:

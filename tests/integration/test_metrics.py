@@ -245,11 +245,16 @@ def test_oip_requests_are_counted_and_logged_including_those_it_refuses_itself(m
             with pytest.raises(grpc.RpcError) as e:
                 stub.ModelInfer(oip.ModelInferRequest(model_name="no-such-model", id="oip-404"), timeout=10)
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(grpc.RpcError) as e:  # a name that would forge the rest of the journal line
+                stub.ModelInfer(oip.ModelInferRequest(model_name="ct-nodule x OK", id="oip-forged"), timeout=10)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
         families = scrape(app.app.metrics_address)
         assert value(families, "appliance_requests", "appliance_requests_total", code="OK") == 1
         assert value(families, "appliance_requests", "appliance_requests_total", code="INVALID_ARGUMENT") == 1
+        assert value(families, "appliance_requests", "appliance_requests_total", code="NOT_FOUND") == 2  # session 18
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ModelInfer ")]
         assert any("no-such-model oip-404 NOT_FOUND" in line for line in lines), lines
+        assert any(line.startswith("ModelInfer - oip-forged NOT_FOUND") for line in lines), lines
         assert any("oip-ok OK" in line for line in lines) and any("oip-fp16 INVALID_ARGUMENT" in line
                                                                   for line in lines), lines
     finally:

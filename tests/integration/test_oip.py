@@ -290,6 +290,46 @@ def test_malformed_requests_are_refused_before_anything_is_computed(stub, served
     assert served.analyzer.calls == []
 
 
+def test_oversized_requests_are_refused_in_time_linear_in_their_size(stub, served) -> None:
+    """Held-out review, session 18: 50,000 copies of one requested output held the event loop 26 s (a quadratic
+    repeat search), and 16 million empty BYTES elements 6 s, before either was refused."""
+    request = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
+    for _ in range(2000):
+        request.outputs.add(name="prob")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "2000 outputs requested; model 'ct-nodule' has 2" in e.value.details(), e.value.details()
+    request = dicom_request([b"a", b"b"])
+    request.raw_input_contents[0] = serialize_bytes([b""] * 100_000)  # shape [2], 100,000 elements
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more BYTES elements than the 2 its shape declares" in e.value.details(), e.value.details()
+    typed = oip.ModelInferRequest(model_name="ct-nodule-dicom")
+    typed.inputs.add(name="dicom", datatype="BYTES", shape=[2]).contents.bytes_contents.extend([b""] * 100_000)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(typed, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape [N]" in e.value.details()
+    assert served.analyzer.calls == []
+
+
+def test_a_long_model_name_is_not_found_and_not_echoed_whole(stub) -> None:
+    """Session 18: a 20 KB name echoed whole overflowed gRPC's 16 KB metadata limit: RESOURCE_EXHAUSTED."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(oip.ModelInferRequest(model_name="x" * 20_000), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "(20000 characters)" in e.value.details()
+    assert len(e.value.details()) < 300
+    info = error_details_pb2.ErrorInfo()
+    assert rpc_status.from_call(e.value).details[0].Unpack(info) and info.reason == "UNKNOWN_MODEL"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelMetadata(oip.ModelMetadataRequest(name="ct-nodule", version="9" * 20_000), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "(20000 characters)" in e.value.details()
+
+
 def test_statistics_count_requests(stub) -> None:
     before = {s.name: s for s in stub.ModelStatistics(oip.ModelStatisticsRequest(), timeout=5).model_stats}
     assert set(before) == {"ct-nodule", "ct-nodule-dicom"}

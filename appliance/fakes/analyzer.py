@@ -28,6 +28,7 @@ import numpy as np
 
 from appliance.batching.batcher import BatchObserver
 from appliance.batching.work import Priority
+from appliance.dicom.syntaxes import LOSSY_SYNTAXES
 from appliance.engines.base import Engine
 from appliance.errors import (
     ApplianceError,
@@ -171,13 +172,13 @@ class FakeAnalyzer:
                                    source=source))
         self._check_call(time_remaining)
         loop = asyncio.get_running_loop()
-        uid, frames = await loop.run_in_executor(self._decode_thread, self._decode, dicom)
+        uid, frames, lossy = await loop.run_in_executor(self._decode_thread, self._decode, dicom)
         t_pre = time.perf_counter()
         left = None if time_remaining is None else time_remaining - (t_pre - t0)
         results = await self._run_rows(list(frames), priority, left)
         analyses = []
         for index, (outputs, _, _) in enumerate(results):
-            analyses.append(self._label(index, outputs))
+            analyses.append(self._label(index, outputs, lossy))
         queue_s = max(q for _, q, _ in results)
         engine_s = max(e for _, _, e in results)
         return Analysis(
@@ -261,7 +262,7 @@ class FakeAnalyzer:
         outputs = self.engine.run(batch)
         return outputs, time.perf_counter() - t0
 
-    def _decode(self, data: bytes) -> tuple[str, np.ndarray]:
+    def _decode(self, data: bytes) -> tuple[str, np.ndarray, bool]:
         import pydicom
         from PIL import Image
 
@@ -283,14 +284,15 @@ class FakeAnalyzer:
             if unit.shape != (rows, cols):
                 unit = np.asarray(Image.fromarray(unit).resize((cols, rows), Image.Resampling.BOX), dtype=np.float32)
             out[i] = unit.reshape(self._model.item_shape)  # one channel: (1, rows, cols) or (rows, cols)
-        return str(getattr(ds, "SOPInstanceUID", "")), out
+        lossy = str(ds.get("LossyImageCompression", "")) == "01" or ds.file_meta.TransferSyntaxUID in LOSSY_SYNTAXES
+        return str(getattr(ds, "SOPInstanceUID", "")), out, lossy  # lossy as DicomInstance.lossy defines it
 
-    def _label(self, index: int, outputs: dict[str, np.ndarray]) -> FrameAnalysis:
+    def _label(self, index: int, outputs: dict[str, np.ndarray], lossy: bool = False) -> FrameAnalysis:
         score_name = next(name for name, shape in self._model.outputs if int(np.prod(shape)) <= 1)
         p = float(np.asarray(outputs[score_name]).ravel()[0])
         scores = {self.labels[0]: 1.0 - p, self.labels[1]: p}
         label = self.labels[1] if p >= self.threshold else self.labels[0]
-        return FrameAnalysis(frame_index=index, outputs=outputs, label=label, scores=scores, location=None)
+        return FrameAnalysis(frame_index=index, outputs=outputs, label=label, scores=scores, location=None, lossy=lossy)
 
     @classmethod
     def with_fake_engine(cls, manifest: Any, **options: Any) -> FakeAnalyzer:

@@ -8,7 +8,8 @@ through the analyzer, so the same admission, batcher and thermal pacing apply:
 - ``<model>-dicom``: one BYTES input ``dicom`` ``[N]``, a DICOM Part-10 file per element -> ``analyzer.analyze``
   for each file, concurrently. Outputs, one row per frame (F = total frames, F = N for single-frame files):
   every engine output ``[F, *shape]`` FP32, ``label`` BYTES ``[F]``, ``score`` FP32 ``[F]`` (the label's
-  probability), ``file_index`` and ``frame_index`` INT32 ``[F]``.
+  probability), ``file_index`` and ``frame_index`` INT32 ``[F]``, ``lossy`` BOOL ``[F]`` (the pixels went through
+  lossy compression: not diagnostic-grade input, as ``FrameResult.lossy`` says on ``appliance.v1``).
 
 Tensors travel in ``raw_input_contents`` / ``raw_output_contents`` (typed ``contents`` are accepted on input).
 Request parameters follow Triton's schedule-policy extension: ``priority`` (int64 or uint64; 1 = highest ->
@@ -211,7 +212,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             ("version", model.version),
         ):
             config.parameters[key].string_value = value
-        types = {"FP32": oip.TYPE_FP32, "BYTES": oip.TYPE_STRING, "INT32": oip.TYPE_INT32}
+        types = {"FP32": oip.TYPE_FP32, "BYTES": oip.TYPE_STRING, "INT32": oip.TYPE_INT32, "BOOL": oip.TYPE_BOOL}
         if view == self.tensor_view:
             config.max_batch_size = model.batch_size
             config.input.append(oip.ModelInput(name=model.input_name, data_type=oip.TYPE_FP32, dims=model.item_shape))
@@ -423,6 +424,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         tensors.append(np.array([f.scores.get(f.label, 0.0) for _, f in frames], dtype=np.float32))
         tensors.append(np.array([i for i, _ in frames], dtype=np.int32))
         tensors.append(np.array([f.frame_index for _, f in frames], dtype=np.int32))
+        tensors.append(np.array([f.lossy for _, f in frames], dtype=np.bool_))
         return names, tensors
 
     # ---- helpers ----------------------------------------------------------------------------------------
@@ -431,7 +433,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         outputs = [(name, "FP32", tuple(shape)) for name, shape in self.analyzer.model.outputs]
         if view == self.dicom_view:
             outputs += [("label", "BYTES", ()), ("score", "FP32", ()), ("file_index", "INT32", ())]
-            outputs.append(("frame_index", "INT32", ()))
+            outputs += [("frame_index", "INT32", ()), ("lossy", "BOOL", ())]
         return outputs
 
     async def _view(self, name: str, version: str, context: Any, *,
@@ -505,7 +507,8 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             if array.dtype == object:
                 datatype, raw = "BYTES", serialize_bytes(list(array))
             else:
-                datatype = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32"}[array.dtype]
+                datatype = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32",
+                            np.dtype(np.bool_): "BOOL"}[array.dtype]  # BOOL: one byte per element
                 raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             response.outputs.append(
                 oip.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=array.shape)
@@ -532,7 +535,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     def _output_names(self, view: str) -> list[str]:
         names = [name for name, _ in self.analyzer.model.outputs]
-        return names if view == self.tensor_view else [*names, "label", "score", "file_index", "frame_index"]
+        return names if view == self.tensor_view else [*names, "label", "score", "file_index", "frame_index", "lossy"]
 
     @staticmethod
     def _journal(view: str, request_id: str, code: str, t0: float) -> None:

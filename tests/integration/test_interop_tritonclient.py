@@ -86,6 +86,7 @@ def test_tritonclient_health_metadata_and_both_views(tritonclient_python: Path, 
         "score",
         "file_index",
         "frame_index",
+        "lossy",
     ]
     config = result["config"]["ct-nodule"]["config"]
     assert config["max_batch_size"] == 4 and config["input"][0]["data_type"] == "TYPE_FP32"
@@ -103,6 +104,7 @@ def test_tritonclient_health_metadata_and_both_views(tritonclient_python: Path, 
     np.testing.assert_allclose(arrays["dicom_prob"], prob, atol=1e-5)
     np.testing.assert_allclose(arrays["dicom_heatmap"], heat, atol=1e-5)
     assert arrays["dicom_file_index"].tolist() == [0, 1, 2]
+    assert arrays["dicom_lossy"].dtype == np.bool_ and arrays["dicom_lossy"].tolist() == [False, False, False]
     assert result["dicom_labels"] == ["nodule" if p >= 0.5 else "no_nodule" for p in prob[:, 0]]
 
     assert result["unknown_model_error"]["status"] == "StatusCode.NOT_FOUND"

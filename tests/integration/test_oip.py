@@ -63,7 +63,7 @@ def outputs_of(response: oip.ModelInferResponse) -> dict[str, np.ndarray]:
         if tensor.datatype == "BYTES":
             arrays[tensor.name] = np.array(deserialize_bytes(raw), dtype=object).reshape(tensor.shape)
         else:
-            dtype = {"FP32": "<f4", "INT32": "<i4"}[tensor.datatype]
+            dtype = {"FP32": "<f4", "INT32": "<i4", "BOOL": "?"}[tensor.datatype]
             arrays[tensor.name] = np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
     return arrays
 
@@ -102,7 +102,9 @@ def test_server_and_model_metadata(stub) -> None:
     ]
     dicom = stub.ModelMetadata(oip.ModelMetadataRequest(name="ct-nodule-dicom"), timeout=5)
     assert [(t.name, t.datatype, list(t.shape)) for t in dicom.inputs] == [("dicom", "BYTES", [-1])]
-    assert [t.name for t in dicom.outputs] == ["prob", "heatmap", "label", "score", "file_index", "frame_index"]
+    assert [t.name for t in dicom.outputs] == ["prob", "heatmap", "label", "score", "file_index", "frame_index",
+                                               "lossy"]
+    assert dicom.outputs[-1].datatype == "BOOL"
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelMetadata(oip.ModelMetadataRequest(name="nope"), timeout=5)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in e.value.details()
@@ -220,6 +222,11 @@ def test_analyzer_errors_keep_their_status(stub, served) -> None:
 def test_dicom_view_analyzes_each_file(stub, served) -> None:
     truths = [synthetic.generate_slice(seed, nodule=seed == 21, size=512) for seed in (20, 21)]
     files = [synthetic.to_dicom(t) for t in truths]
+    lossy = pydicom.dcmread(io.BytesIO(files[1]))
+    lossy.LossyImageCompression = "01"  # once lossy-compressed, now stored native: not diagnostic-grade
+    buffer = io.BytesIO()
+    lossy.save_as(buffer)
+    files[1] = buffer.getvalue()
     response = stub.ModelInfer(dicom_request(files), timeout=20)
     assert (response.model_name, response.id) == ("ct-nodule-dicom", "d-1")
     out = outputs_of(response)
@@ -228,6 +235,7 @@ def test_dicom_view_analyzes_each_file(stub, served) -> None:
     np.testing.assert_allclose(out["prob"], prob, atol=1e-5)
     np.testing.assert_allclose(out["heatmap"], heat, atol=1e-5)
     assert out["file_index"].tolist() == [0, 1] and out["frame_index"].tolist() == [0, 0]
+    assert out["lossy"].tolist() == [False, True]  # session 18: appliance.v1's FrameResult.lossy, on this view too
     labels = [b.decode() for b in out["label"]]
     assert labels == ["nodule" if p >= 0.5 else "no_nodule" for p in prob[:, 0]]
     np.testing.assert_allclose(out["score"], [p if p >= 0.5 else 1 - p for p in prob[:, 0]], atol=1e-5)

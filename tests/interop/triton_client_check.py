@@ -46,7 +46,7 @@ def main(address: str, workdir: Path) -> int:
         dicom_in = grpcclient.InferInput("dicom", [len(files)], "BYTES")
         dicom_in.set_data_from_numpy(blobs)
         res = client.infer("ct-nodule-dicom", [dicom_in], request_id="tc-2", client_timeout=30)
-        for name in ("prob", "heatmap", "score", "file_index", "frame_index"):
+        for name in ("prob", "heatmap", "score", "file_index", "frame_index", "lossy"):
             arrays[f"dicom_{name}"] = res.as_numpy(name)
         result["dicom_labels"] = [b.decode() for b in res.as_numpy("label")]
 

@@ -230,6 +230,29 @@ def test_reflection_answers_a_client_that_speaks_only_v1(running) -> None:
     assert described.file_descriptor_response.file_descriptor_proto  # a client can build its stubs from it
 
 
+@pytest.mark.parametrize("version", ["v1alpha", "v1"])
+def test_every_service_reflection_lists_can_be_described(running, version: str) -> None:
+    """Held-out review, session 18: grpc.reflection.v1.ServerReflection was listed but its file was NOT_FOUND, so
+    ``grpcurl describe`` (which walks every listed service) failed on it."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    with grpc.insecure_channel(running.target) as ch:
+        call = ch.stream_stream(f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+                                request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        listed = list(call(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10))[0]
+        names = [s.name for s in listed.list_services_response.service]
+        answers = list(call(iter(reflection_pb2.ServerReflectionRequest(file_containing_symbol=n) for n in names),
+                            timeout=10))
+    for name, answer in zip(names, answers, strict=True):
+        assert answer.WhichOneof("message_response") == "file_descriptor_response", (name, answer.error_response)
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+                 for b in answer.file_descriptor_response.file_descriptor_proto]
+        package, _, service = name.rpartition(".")
+        assert any(f.package == package and service in [s.name for s in f.service] for f in files), name
+
+
 def test_unix_socket_serves(running, slice_bytes) -> None:
     unix = [a for a in running.app.addresses if a.startswith("unix:")]
     assert unix

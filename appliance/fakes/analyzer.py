@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,15 +164,23 @@ class FakeAnalyzer:
         pipeline: str = "",
         priority: Priority = Priority.BATCH,
         time_remaining: float | None = None,
+        admit_frames: Callable[[int], Awaitable[None]] | None = None,
+        wait_for_budget: bool = False,
         source: str = "",
     ) -> Analysis:
-        """Decode one Part-10 file, run its frames, and label each (``source`` is recorded, not scheduled on)."""
+        """Decode one Part-10 file, run its frames, and label each (``source`` is recorded, not scheduled on).
+
+        ``admit_frames`` is awaited with the frame count before the rows are queued, as the request path does;
+        ``wait_for_budget`` is accepted and ignored (this fake has no byte budget).
+        """
         t0 = time.perf_counter()
         self.calls.append(FakeCall("analyze", request_id, priority, time_remaining, pipeline=pipeline,
                                    source=source))
         self._check_call(time_remaining)
         loop = asyncio.get_running_loop()
         uid, frames, lossy = await loop.run_in_executor(self._decode_thread, self._decode, dicom)
+        if admit_frames is not None:
+            await admit_frames(len(frames))
         t_pre = time.perf_counter()
         left = None if time_remaining is None else time_remaining - (t_pre - t0)
         results = await self._run_rows(list(frames), priority, left)

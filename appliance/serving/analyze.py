@@ -100,8 +100,13 @@ class Analyzer(Protocol):
 
     async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
                       priority: Priority = Priority.BATCH, time_remaining: float | None = None,
+                      admit_frames: Callable[[int], Awaitable[None]] | None = None, wait_for_budget: bool = False,
                       source: str = "") -> Analysis:
-        """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns."""
+        """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns.
+
+        ``admit_frames`` (a stream's, or the files of one OIP request) is awaited with the file's frame count before
+        its slots are reserved, and ``wait_for_budget`` waits for the in-flight byte budget instead of refusing.
+        """
         ...
 
     async def infer(self, inputs: np.ndarray, *, request_id: str = "", priority: Priority = Priority.BATCH,

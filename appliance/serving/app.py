@@ -229,14 +229,16 @@ class App:
             maximum_concurrent_rpcs=self.config.server.max_concurrent_rpcs,
             interceptors=access.interceptors(self.config),
         )
+        # frames one AnalyzeStream (or the files of one OIP request) may have admitted at once
+        window = max(self.batcher.batch_size, self.config.batcher.queue_capacity // 2)
         servicer = InferenceServicer(
             self.path,
             self.status_pb,
-            stream_window=max(self.batcher.batch_size, self.config.batcher.queue_capacity // 2),
+            stream_window=window,
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, server)
         # the Open Inference Protocol: the same request path
-        oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity)
+        oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity, frame_window=window)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
             names = (pb.DESCRIPTOR.services_by_name["Inference"].full_name, oip.SERVICE_NAME, "grpc.health.v1.Health")

@@ -40,7 +40,7 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded, UnknownM
 from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.server import error_status, loggable_id
+from appliance.serving.server import FrameShare, FrameWindow, error_status, loggable_id
 
 if TYPE_CHECKING:
     from appliance.serving.analyze import Analysis, Analyzer
@@ -136,11 +136,14 @@ def _duration(pair: tuple[int, int]) -> oip.StatisticDuration:
 class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` (the subset in the module docstring) over an Analyzer."""
 
-    def __init__(self, analyzer: Analyzer, *, max_files: int = 64) -> None:
+    def __init__(self, analyzer: Analyzer, *, max_files: int = 64, frame_window: int = 32) -> None:
         self.analyzer = analyzer
         # DICOM files one ModelInfer may carry: every one needs a place in the queue for a preprocessing worker
         # (config key batcher.queue_capacity), so a request with more could never be served whole
         self.max_files = max_files
+        # frames the files of one multi-file request may have admitted at once, as for one AnalyzeStream: a file
+        # waits for its siblings' frames instead of being refused by them
+        self.frame_window = frame_window
         self._stats = {self.tensor_view: _Stats(), self.dicom_view: _Stats()}
         self._next_id = 0
 
@@ -390,17 +393,27 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             if request.parameters["pipeline"].WhichOneof("parameter_choice") != "string_param":
                 raise InputError("parameter 'pipeline' must be a string", field="parameters.pipeline")
             pipeline = request.parameters["pipeline"].string_param
+        # Several files share one frame window, as the items of an AnalyzeStream do: two 33-frame files in a 64-slot
+        # inbox were refused RESOURCE_EXHAUSTED by each other, at random, from an otherwise idle server (session 18)
+        window = FrameWindow(self.frame_window) if len(files) > 1 else None
+
         async def one(i: int, data: bytes) -> Analysis:
             file_id = f"{request_id}/{i}"
             if len(file_id) > MAX_REQUEST_ID:  # a long client id: every file logs under it alone
                 file_id = request_id
+            share = FrameShare(window) if window is not None else None
             try:
-                return await self.analyzer.analyze(data, request_id=file_id, pipeline=pipeline,
-                                                   priority=priority, time_remaining=time_remaining, source=source)
+                return await self.analyzer.analyze(
+                    data, request_id=file_id, pipeline=pipeline, priority=priority, time_remaining=time_remaining,
+                    admit_frames=share.take if share is not None else None, wait_for_budget=share is not None,
+                    source=source)
             except ApplianceError as e:
                 if len(files) > 1:  # say which element of the batch it was
                     e.args = (f"dicom[{i}]: {e}", *e.args[1:])
                 raise
+            finally:
+                if share is not None:
+                    await share.close()
 
         tasks = [asyncio.ensure_future(one(i, data)) for i, data in enumerate(files)]
         try:
@@ -577,8 +590,9 @@ def _refuse_extensions(request: oip.ModelInferRequest) -> None:
                              "the classification extension; request the tensor itself", field="outputs")
 
 
-def add_to_server(server: grpc.aio.Server, analyzer: Analyzer, *, max_files: int = 64) -> OipServicer:
+def add_to_server(server: grpc.aio.Server, analyzer: Analyzer, *, max_files: int = 64,
+                  frame_window: int = 32) -> OipServicer:
     """Register ``inference.GRPCInferenceService`` over ``analyzer`` on a grpc.aio server; return the servicer."""
-    servicer = OipServicer(analyzer, max_files=max_files)
+    servicer = OipServicer(analyzer, max_files=max_files, frame_window=frame_window)
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return servicer

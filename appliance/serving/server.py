@@ -27,7 +27,7 @@ from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.analyze import Analysis, RequestPath
 
-__all__ = ["InferenceServicer", "error_status", "loggable_id"]
+__all__ = ["FrameShare", "FrameWindow", "InferenceServicer", "error_status", "loggable_id"]
 
 log = logging.getLogger(__name__)
 DOMAIN = "edge-appliance"
@@ -61,8 +61,11 @@ def loggable_id(request_id: str) -> str:
         return "-"
 
 
-class _FrameWindow:
-    """Frames one stream may have admitted at once. A request larger than the window waits for it to empty."""
+class FrameWindow:
+    """Frames one stream may have admitted at once (or the files of one OIP request); a larger one waits for it.
+
+    A request larger than the window waits for the window to empty, then takes all of it.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -84,14 +87,14 @@ class _FrameWindow:
             self._cond.notify_all()
 
 
-class _Share:
-    """One stream item's frames in its stream's window: taken at admission, given back when the item is done.
+class FrameShare:
+    """One stream item's (or OIP file's) frames in its window: taken at admission, given back when the item is done.
 
     The admission may still be waiting for the window when the item is already over (its deadline passed, or the
     client went away): frames it gets after :meth:`close` go straight back, so they never shrink the window.
     """
 
-    def __init__(self, window: _FrameWindow) -> None:
+    def __init__(self, window: FrameWindow) -> None:
         self.window = window
         self.held = 0
         self.closed = False
@@ -224,7 +227,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         admitted at once (and its payload bytes wait for the in-flight budget), so a client streaming a whole
         series never sees QUEUE_FULL because of its own earlier items; gRPC flow control slows the client down.
         """
-        window = _FrameWindow(self.stream_window)
+        window = FrameWindow(self.stream_window)
         # bounds the requests one stream holds, from reading them until their replies are written: a client that
         # never reads its replies stops being read from (held-out review, session 14: the permit was released
         # before the reply was queued, and RSS grew by about 1 KiB per unread reply)
@@ -235,7 +238,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         async def one(req: pb.AnalyzeRequest) -> None:
             t0 = self.path.clock.monotonic()
             rid = req.request_id or uuid.uuid4().hex
-            share = _Share(window)
+            share = FrameShare(window)
             try:
                 analysis = await self.path.analyze(
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),

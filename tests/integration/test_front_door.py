@@ -246,3 +246,45 @@ def test_a_client_flooding_the_queue_leaves_room_for_another(tmp_path: Path) -> 
         assert all(code in spin.expect or code == "RESOURCE_EXHAUSTED" for code, _ in results), results
     finally:
         app.stop()
+
+
+def _multiframe(frames: int, seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    import pydicom
+
+    ds = pydicom.dcmread(io.BytesIO(synthetic.to_dicom(synthetic.generate_slice(seed, size=256))))
+    pixels = ds.pixel_array
+    ds.NumberOfFrames = frames
+    ds.PixelData = np.stack([pixels] * frames).astype(pixels.dtype).tobytes()
+    buffer = io.BytesIO()
+    ds.save_as(buffer, enforce_file_format=True)
+    return buffer.getvalue()
+
+
+def test_the_files_of_one_oip_request_wait_for_each_other_instead_of_refusing_each_other(tmp_path: Path) -> None:
+    """Held-out review, session 18: two 33-frame files in one ModelInfer, from an otherwise idle client, were refused
+    RESOURCE_EXHAUSTED "inbox full: 33 of 64 slots in use" by each other, at random. They now share one frame
+    window, as the items of one AnalyzeStream do."""
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+    from appliance.serving.oip import serialize_bytes
+
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    config = fake_config(models, batcher={"queue_capacity": 16}, engine={"options": {"latency_s": 0.05}})
+    app = RunningApp(config, notifier=RecordingNotifier())
+    files = [_multiframe(9, 3), _multiframe(9, 4)]  # 18 frames: each file fits the 16-slot inbox, both do not
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            stub = oip_grpc.GRPCInferenceServiceStub(ch)
+            for attempt in range(3):
+                request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id=f"two-{attempt}")
+                request.inputs.add(name="dicom", datatype="BYTES", shape=[2])
+                request.raw_input_contents.append(serialize_bytes(files))
+                response = stub.ModelInfer(request, timeout=30)
+                shapes = {o.name: list(o.shape) for o in response.outputs}
+                assert shapes["file_index"] == [18] and shapes["frame_index"] == [18]
+    finally:
+        app.stop()

@@ -7,13 +7,13 @@ import asyncio
 import pytest
 
 from appliance.errors import Unavailable
-from appliance.serving.server import _FrameWindow, _Share
+from appliance.serving.server import FrameShare, FrameWindow
 
 
 def test_frames_an_ended_item_gets_after_it_ended_go_straight_back() -> None:
     async def scenario() -> None:
-        window = _FrameWindow(4)
-        first, second = _Share(window), _Share(window)
+        window = FrameWindow(4)
+        first, second = FrameShare(window), FrameShare(window)
         await first.take(4)  # the whole window
         waiting = asyncio.create_task(second.take(4))
         await asyncio.sleep(0)
@@ -23,7 +23,7 @@ def test_frames_an_ended_item_gets_after_it_ended_go_straight_back() -> None:
         with pytest.raises(Unavailable, match="ended while it waited"):
             await waiting
         assert window._used == 0  # ... and gives them back at once
-        third = _Share(window)
+        third = FrameShare(window)
         await asyncio.wait_for(third.take(4), 1.0)  # a later item of the stream still gets the whole window
         await third.close()
         assert window._used == 0
@@ -33,8 +33,8 @@ def test_frames_an_ended_item_gets_after_it_ended_go_straight_back() -> None:
 
 def test_an_item_gives_back_what_it_holds_once() -> None:
     async def scenario() -> None:
-        window = _FrameWindow(8)
-        share = _Share(window)
+        window = FrameWindow(8)
+        share = FrameShare(window)
         await share.take(3)
         assert window._used == 3
         await share.close()

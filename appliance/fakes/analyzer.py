@@ -99,6 +99,7 @@ class FakeAnalyzer:
         self.capacity = capacity
         self.observer = observer or BatchObserver()
         self.refused: list[str] = []  # codes of requests the front end refused itself (count_refused)
+        self.finished: list[str] = []  # codes of requests whose files ran uncounted (count_finished)
         self.live = True
         self.ready = True
         self.fail_next: ApplianceError | None = None
@@ -127,6 +128,10 @@ class FakeAnalyzer:
         """Count a request the front end refused itself (``refused`` holds their codes, for tests)."""
         if not error.counted:
             self.refused.append(error.code.name)
+
+    def count_finished(self, code: str, seconds: float | None) -> None:
+        """Count a request whose files were analyzed uncounted (``finished`` holds their codes, for tests)."""
+        self.finished.append(code)
 
     def close(self) -> None:
         """Stop the engine and decode threads."""
@@ -167,6 +172,7 @@ class FakeAnalyzer:
         admit_frames: Callable[[int], Awaitable[None]] | None = None,
         wait_for_budget: bool = False,
         source: str = "",
+        counted: bool = True,
     ) -> Analysis:
         """Decode one Part-10 file, run its frames, and label each (``source`` is recorded, not scheduled on).
 

@@ -101,11 +101,12 @@ class Analyzer(Protocol):
     async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
                       priority: Priority = Priority.BATCH, time_remaining: float | None = None,
                       admit_frames: Callable[[int], Awaitable[None]] | None = None, wait_for_budget: bool = False,
-                      source: str = "") -> Analysis:
+                      source: str = "", counted: bool = True) -> Analysis:
         """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns.
 
         ``admit_frames`` (a stream's, or the files of one OIP request) is awaited with the file's frame count before
         its slots are reserved, and ``wait_for_budget`` waits for the in-flight byte budget instead of refusing.
+        ``counted=False``: the caller counts the request it belongs to (:meth:`count_finished`), not this file.
         """
         ...
 
@@ -116,6 +117,10 @@ class Analyzer(Protocol):
 
     def count_refused(self, error: ApplianceError) -> None:
         """Count a request a protocol front end refused itself (before analyze or infer), for the metrics."""
+        ...
+
+    def count_finished(self, code: str, seconds: float | None) -> None:
+        """Count a request whose files were analyzed uncounted (its final gRPC code name; its seconds if OK)."""
         ...
 
 
@@ -205,6 +210,7 @@ class RequestPath:
         admit_frames: Callable[[int], Awaitable[None]] | None = None,
         wait_for_budget: bool = False,
         source: str = "",
+        counted: bool = True,
     ) -> Analysis:
         """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved.
 
@@ -212,7 +218,7 @@ class RequestPath:
         preprocessing workers (appliance.workers.jobqueue), so one sender's flood cannot hold back another's file.
         """
         t0 = self.clock.monotonic()
-        with self._counted(t0):
+        with self._counted(t0) if counted else contextlib.nullcontext():  # uncounted: the caller counts its request
             return await self._analyze(dicom, t0, request_id, pipeline, priority, time_remaining, admit_frames,
                                        wait_for_budget, source)
 
@@ -346,6 +352,10 @@ class RequestPath:
         """Count a request a protocol layer refused before it reached this path, unless this path counted it."""
         if not error.counted:
             self._on_finished(error.code.name, None)
+
+    def count_finished(self, code: str, seconds: float | None) -> None:
+        """Count a request whose files were analyzed uncounted (``analyze(counted=False)``): one OIP ModelInfer."""
+        self._on_finished(code, seconds)
 
     def _admit(self, job: Job, n_frames: int, sop_uid: str, keep_free: int) -> list[WorkItem]:
         """Reserve one slot per frame of a parsed file (any thread); raise if that is refused or it was cancelled.

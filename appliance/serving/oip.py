@@ -282,18 +282,24 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             response = self._response(request, view, wanted, names, tensors)
         except asyncio.CancelledError:  # the client went away: journalled, then cancelled as gRPC asks
             self._journal(view, request_id, "CANCELLED", t0)
+            if view == self.dicom_view:
+                self.analyzer.count_finished("CANCELLED", None)
             raise
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
             status = self._status(e, view)
             if isinstance(e, ApplianceError):
-                self.analyzer.count_refused(e)  # refused here, before the request path: metrics count it too
+                self.analyzer.count_refused(e)  # refused here, or by an uncounted file: counted once, here
+            elif view == self.dicom_view:
+                self.analyzer.count_finished("INTERNAL", None)
             self._journal(view, request_id, e.code.name if isinstance(e, ApplianceError) else "INTERNAL", t0)
         else:
             stats.merge(scratch)
             stats.success = _Stats.add(stats.success, time.perf_counter() - t0)
             stats.execution_count += 1
             stats.last_inference_ms = int(time.time() * 1000)
+            if view == self.dicom_view:  # its files ran uncounted: the request is counted once
+                self.analyzer.count_finished("OK", time.perf_counter() - t0)
             self._journal(view, request_id, "OK", t0)
             return response
         await context.abort_with_status(rpc_status.to_status(status))
@@ -406,7 +412,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 return await self.analyzer.analyze(
                     data, request_id=file_id, pipeline=pipeline, priority=priority, time_remaining=time_remaining,
                     admit_frames=share.take if share is not None else None, wait_for_budget=share is not None,
-                    source=source)
+                    source=source, counted=False)  # one count per ModelInfer, in ModelInfer
             except ApplianceError as e:
                 if len(files) > 1:  # say which element of the batch it was
                     e.args = (f"dicom[{i}]: {e}", *e.args[1:])

@@ -259,3 +259,35 @@ def test_oip_requests_are_counted_and_logged_including_those_it_refuses_itself(m
                                                                   for line in lines), lines
     finally:
         app.stop()
+
+
+def test_a_multi_file_oip_request_is_counted_once_with_its_own_outcome(models_dir: Path) -> None:
+    """Held-out review, session 18: one ModelInfer of 20 files, the last not DICOM, moved appliance_requests_total
+    by OK +15, INVALID_ARGUMENT +1 and CANCELLED +4 (the abandoned siblings), though the client sent one request and
+    cancelled nothing."""
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+    from appliance.serving.oip import serialize_bytes
+
+    good = synthetic.to_dicom(synthetic.generate_slice(5, size=256))
+    app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
+
+    def request(files: list[bytes], rid: str) -> oip.ModelInferRequest:
+        r = oip.ModelInferRequest(model_name="ct-nodule-dicom", id=rid)
+        r.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
+        r.raw_input_contents.append(serialize_bytes(files))
+        return r
+
+    try:
+        with grpc.insecure_channel(app.target) as channel:
+            stub = oip_grpc.GRPCInferenceServiceStub(channel)
+            stub.ModelInfer(request([good] * 3, "three"), timeout=30)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(request([good] * 19 + [b"not dicom"], "twenty"), timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith("dicom[19]")
+        families = scrape(app.app.metrics_address)
+        counts = {s.labels["code"]: s.value for s in families["appliance_requests"].samples
+                  if s.name == "appliance_requests_total"}
+        assert counts == {"OK": 1, "INVALID_ARGUMENT": 1}, counts
+    finally:
+        app.stop()

@@ -168,6 +168,9 @@ class RequestPath:
         self._budget = ByteBudget(limits.inflight_bytes)
         self._senders = Senders(clock)  # requests in flight per sender: who gets the whole of a shared bound
         self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
+        # calls inside analyze/infer, including those still waiting for queue room, the byte budget or a frame
+        # window (not yet in _waiting): a drain waits for them too, or the server's stop cancels them
+        self._active = 0
         self._admission = threading.Lock()  # one admission or one cancel at a time (_admit, _drop)
         self.live = True
 
@@ -218,9 +221,13 @@ class RequestPath:
         preprocessing workers (appliance.workers.jobqueue), so one sender's flood cannot hold back another's file.
         """
         t0 = self.clock.monotonic()
-        with self._counted(t0) if counted else contextlib.nullcontext():  # uncounted: the caller counts its request
-            return await self._analyze(dicom, t0, request_id, pipeline, priority, time_remaining, admit_frames,
-                                       wait_for_budget, source)
+        self._active += 1
+        try:
+            with self._counted(t0) if counted else contextlib.nullcontext():  # uncounted: the caller counts it
+                return await self._analyze(dicom, t0, request_id, pipeline, priority, time_remaining, admit_frames,
+                                           wait_for_budget, source)
+        finally:
+            self._active -= 1
 
     async def _analyze(
         self,
@@ -279,8 +286,12 @@ class RequestPath:
         ``source`` names the sender, as for :meth:`analyze`: one already in flight gets a share of the inbox.
         """
         t0 = self.clock.monotonic()
-        with self._counted(t0), self._senders.count(source):
-            return await self._infer(inputs, t0, request_id, priority, time_remaining, source)
+        self._active += 1
+        try:
+            with self._counted(t0), self._senders.count(source):
+                return await self._infer(inputs, t0, request_id, priority, time_remaining, source)
+        finally:
+            self._active -= 1
 
     async def _infer(
         self, inputs: np.ndarray, t0: float, request_id: str, priority: Priority, time_remaining: float | None,
@@ -314,6 +325,7 @@ class RequestPath:
         """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker."""
         bound = max(1, int(self.limits.max_unadmitted * share))
         while (waiting := self.pool.unadmitted()) >= bound:
+            self._check_admitting()  # a drain began while it waited: UNAVAILABLE now, not CANCELLED at the end
             if not wait:
                 reason = "SENDER_SHARE" if waiting < self.limits.max_unadmitted else "QUEUE_FULL"
                 self.batcher.count_rejection(reason)
@@ -462,11 +474,11 @@ class RequestPath:
         return len(waiting)
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for every request to be answered; True if none is left."""
+        """Wait up to ``timeout_s`` for every request to be answered and every call to leave; True if none is left."""
         deadline = self.clock.monotonic() + timeout_s
-        while self._waiting and self.clock.monotonic() < deadline:
+        while (self._waiting or self._active) and self.clock.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        return not self._waiting
+        return not self._waiting and not self._active
 
 
 def _new_future(loop: asyncio.AbstractEventLoop) -> asyncio.Future[Request]:

@@ -128,3 +128,34 @@ def test_a_stream_admission_cancelled_on_the_event_loop_is_answered_unavailable(
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
         loop.close()
+
+
+def test_a_drain_waits_for_a_call_still_waiting_for_queue_room_and_answers_it_unavailable(fake_manifest: Any) -> None:
+    """Session 18: a call waiting for queue room (or the byte budget, or a frame window) was not yet among the
+    requests a drain waits for; it is counted from the moment it enters, and a drain answers it UNAVAILABLE."""
+    draining = threading.Event()
+
+    def check_admitting() -> None:
+        if draining.is_set():
+            raise Unavailable("service is draining", reason="DRAINING")
+
+    path = _path(fake_manifest)
+    path._check_admitting = check_admitting
+    path.pool.unadmitted = lambda: 10**6  # type: ignore[method-assign]  # the workers' queue stays full
+
+    async def scenario() -> tuple[bool, BaseException | None, bool]:
+        call = asyncio.ensure_future(path.analyze(b"DICM", request_id="r", pipeline="stub", wait_for_budget=True))
+        await asyncio.sleep(0.05)  # inside analyze, waiting for queue room
+        idle_while_waiting = await path.wait_idle(0.0)
+        draining.set()
+        error = None
+        try:
+            await asyncio.wait_for(call, 5)
+        except BaseException as e:  # noqa: BLE001
+            error = e
+        return idle_while_waiting, error, await path.wait_idle(0.0)
+
+    idle_while_waiting, error, idle_after = asyncio.run(scenario())
+    assert not idle_while_waiting
+    assert isinstance(error, Unavailable) and "draining" in str(error)
+    assert idle_after

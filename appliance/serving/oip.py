@@ -271,7 +271,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             if len(request.outputs) > len(self._output_names(view)):  # some repeated: refused before any is read
                 raise InputError(f"{len(request.outputs)} outputs requested; model {view!r} has "
                                  f"{len(self._output_names(view))}, each may be requested once", field="outputs")
-            _refuse_extensions(request)  # before computing anything
+            _refuse_extensions(request, view, self.dicom_view)  # before computing anything
             wanted = self._wanted(request, view, self._output_names(view))
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch,
@@ -577,12 +577,24 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
 _SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
-def _refuse_extensions(request: oip.ModelInferRequest) -> None:
-    """Refuse tensor parameters of the shared-memory and classification extensions, which are not offered.
+_SEQUENCE_KEYS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+def _refuse_extensions(request: oip.ModelInferRequest, view: str, dicom_view: str) -> None:
+    """Refuse parameters of extensions not offered, and ``pipeline`` where it has no meaning.
 
     Ignoring them would answer in a form the client did not ask for: raw contents instead of its shared-memory
-    region, scores instead of ``value:index`` strings. ServerMetadata does not list either extension.
+    region, scores instead of ``value:index`` strings, a stateless answer to a sequence the client believes is kept
+    (Triton refuses sequence parameters on a model without sequence batching), an unchanged tensor for a pipeline
+    it asked for. ServerMetadata lists none of these extensions.
     """
+    for key in _SEQUENCE_KEYS:
+        if key in request.parameters:
+            raise InputError(f"parameter {key!r}: model {view!r} has no sequence batching (the sequence extension "
+                             "is not offered); send each request on its own", field=f"parameters.{key}")
+    if "pipeline" in request.parameters and view != dicom_view:
+        raise InputError(f"parameter 'pipeline' picks how DICOM is preprocessed; model {view!r} takes tensors that "
+                         f"are already preprocessed (send DICOM to {dicom_view!r})", field="parameters.pipeline")
     for tensor in request.inputs:
         if any(key in tensor.parameters for key in _SHARED_MEMORY_KEYS):
             raise InputError(f"input {tensor.name!r} is sent in a shared-memory region: this server does not offer "

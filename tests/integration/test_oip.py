@@ -267,10 +267,17 @@ def test_dicom_view_error_names_the_element_of_a_batch(stub) -> None:
 
 
 @pytest.mark.parametrize("case", ["unknown-output", "repeated-output", "raw-and-typed", "shm-input", "shm-output",
-                                  "classification"])
+                                  "classification", "sequence", "pipeline-on-tensors"])
 def test_malformed_requests_are_refused_before_anything_is_computed(stub, served, case: str) -> None:
     request = tensor_request(np.zeros((1, 1, 256, 256), dtype=np.float32))
-    if case == "shm-input":  # as tritonclient's InferInput.set_shared_memory() sends it
+    if case == "sequence":  # tritonclient's infer(sequence_id=7, sequence_start=True); session 18 review
+        request.parameters["sequence_id"].int64_param = 7
+        request.parameters["sequence_start"].bool_param = True
+        needle = "parameter 'sequence_id': model 'ct-nodule' has no sequence batching"
+    elif case == "pipeline-on-tensors":  # ignored before session 18
+        request.parameters["pipeline"].string_param = "nope"
+        needle = "model 'ct-nodule' takes tensors that are already preprocessed"
+    elif case == "shm-input":  # as tritonclient's InferInput.set_shared_memory() sends it
         request.inputs[0].parameters["shared_memory_region"].string_param = "input_region"
         request.inputs[0].parameters["shared_memory_byte_size"].int64_param = 262144
         needle = "input 'image' is sent in a shared-memory region"

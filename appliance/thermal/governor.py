@@ -79,6 +79,10 @@ _GUARD_HOT_WINDOW = 4
 _GUARD_HOT_MEAN_C = 0.5
 
 
+# An energy counter that has not moved for this long is not read as "not updated yet": power falls back to NVML's
+# power reading or the duty model (a counter stuck for good must not hold the last rate forever).
+_ENERGY_STALE_S = 10.0
+
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
 #: Why a plausible reading was rejected as a glitch (not a failed read, an out-of-range value or a stuck verdict).
 _GLITCH_KINDS = frozenset({"implausible jump", "implausible: outvoted"})
@@ -110,7 +114,8 @@ class Governor:
         self._blind_cause = ""
         # (since, duty, ramp start or None) while a stuck verdict holds
         self._stuck: tuple[float, float, float | None] | None = None
-        self._last_energy: tuple[float, float] | None = None
+        self._last_energy: tuple[float, float] | None = None  # (time, counter) of the counter's last move
+        self._energy_w: float | None = None  # the rate of that move, W
         self._power_measured = False  # whether the last sample's power came from NVML (not the duty model)
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.nameplate_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
@@ -235,14 +240,25 @@ class Governor:
 
     # ------------------------------------------------------------- sampling
     def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:
+        """The board power over the last period, W: from the energy counter, else NVML's power, else the duty.
+
+        A counter that did not move since the last read has not been updated yet (a GPU never draws 0 W): its last
+        rate stands, and the next move is spread over the whole time since the one before. Taken read by read, a
+        counter that updates every 3 s gave 0, 0 and 3P; the zeros were dropped from learning and the 3P kept, so
+        the learned watts per duty came out 2.6-2.9 times too high, the die models shrank by that factor and a
+        frozen sensor was caught 380 s late, the die at 75-77 °C meanwhile (held-out review, session 18).
+        """
         c = self.config
         power: float | None = None
         if energy_j is not None and math.isfinite(energy_j):
-            if self._last_energy is not None:
-                t0, e0 = self._last_energy
-                if now_s > t0 and energy_j >= e0:
-                    power = (energy_j - e0) / (now_s - t0)
-            self._last_energy = (now_s, energy_j)
+            last = self._last_energy
+            if last is None or energy_j < last[1]:  # the first read, or the counter was reset
+                self._last_energy = (now_s, energy_j)
+            elif energy_j > last[1] and now_s > last[0]:
+                power = self._energy_w = (energy_j - last[1]) / (now_s - last[0])
+                self._last_energy = (now_s, energy_j)
+            elif now_s - last[0] <= _ENERGY_STALE_S:  # not updated yet: its last rate stands
+                power = self._energy_w
         if power is None and power_w is not None and math.isfinite(power_w) and power_w >= 0:
             power = power_w
         self._power_measured = power is not None

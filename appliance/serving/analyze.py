@@ -304,7 +304,9 @@ class RequestPath:
             raise InputError(f"input must be float32 [N, {', '.join(map(str, shape))}], got {inputs.dtype} "
                              f"{list(inputs.shape)}", field=self._model.input_name)
         if not np.isfinite(inputs).all():
-            raise InputError("input contains NaN or infinity", field=self._model.input_name)
+            bad = np.flatnonzero(~np.isfinite(inputs.reshape(len(inputs), -1)).all(axis=1))
+            raise InputError(f"input {self._model.input_name!r} row {int(bad[0])} contains NaN or infinity "
+                             f"({len(bad)} of {len(inputs)} rows do)", field=self._model.input_name)
         deadline = t0 + (time_remaining if time_remaining is not None else self.limits.default_deadline_s)
         loop = asyncio.get_running_loop()
         done = _new_future(loop)

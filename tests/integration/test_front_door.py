@@ -288,3 +288,27 @@ def test_the_files_of_one_oip_request_wait_for_each_other_instead_of_refusing_ea
                 assert shapes["file_index"] == [18] and shapes["frame_index"] == [18]
     finally:
         app.stop()
+
+
+def test_a_tensor_with_nan_names_the_input_and_the_row(tmp_path: Path) -> None:
+    """Held-out review, session 18: the error said only "input contains NaN or infinity"."""
+    import numpy as np
+
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    app = RunningApp(fake_config(models), notifier=RecordingNotifier())
+    x = np.zeros((3, 1, 256, 256), np.float32)
+    x[1, 0, 7, 9] = np.nan
+    request = oip.ModelInferRequest(model_name="ct-nodule", id="nan")
+    request.inputs.add(name="image", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    try:
+        with grpc.insecure_channel(app.target) as ch, pytest.raises(grpc.RpcError) as e:
+            oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer(request, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "input 'image' row 1 contains NaN or infinity (1 of 3 rows do)" in e.value.details()
+    finally:
+        app.stop()

@@ -238,7 +238,8 @@ class App:
         )
         pb_grpc.add_InferenceServicer_to_server(servicer, server)
         # the Open Inference Protocol: the same request path
-        oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity, frame_window=window)
+        oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity, frame_window=window,
+                          max_message_bytes=self.config.server.max_message_bytes)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
             names = (pb.DESCRIPTOR.services_by_name["Inference"].full_name, oip.SERVICE_NAME, "grpc.health.v1.Health")

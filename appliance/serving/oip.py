@@ -36,7 +36,7 @@ from grpc_status import rpc_status
 
 from appliance import __version__
 from appliance.batching.work import Priority
-from appliance.errors import ApplianceError, InputError, LimitExceeded, UnknownModel
+from appliance.errors import ApplianceError, InputError, LimitExceeded, Overloaded, UnknownModel
 from appliance.privacy import MAX_REQUEST_ID, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
@@ -136,8 +136,11 @@ def _duration(pair: tuple[int, int]) -> oip.StatisticDuration:
 class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` (the subset in the module docstring) over an Analyzer."""
 
-    def __init__(self, analyzer: Analyzer, *, max_files: int = 64, frame_window: int = 32) -> None:
+    def __init__(self, analyzer: Analyzer, *, max_files: int = 64, frame_window: int = 32,
+                 max_message_bytes: int | None = None) -> None:
         self.analyzer = analyzer
+        # DICOM bytes one ModelInfer may carry, all files together (server.max_message_bytes, as for one Analyze)
+        self.max_message_bytes = max_message_bytes
         # DICOM files one ModelInfer may carry: every one needs a place in the queue for a preprocessing worker
         # (config key batcher.queue_capacity), so a request with more could never be served whole
         self.max_files = max_files
@@ -375,25 +378,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         stats: _Stats,
         source: str,
     ) -> tuple[list[str], list[np.ndarray]]:
-        tensor, raw = self._single_input(request, "dicom")
-        if tensor.datatype != "BYTES":
-            raise InputError(f"input 'dicom' must be BYTES, got {tensor.datatype}", field="dicom")
-        if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
-            raise LimitExceeded(f"input 'dicom' holds {tensor.shape[0]} files; at most {self.max_files} per request "
-                                "(config key batcher.queue_capacity): send them in several requests", field="dicom")
-        declared = tensor.shape[0] if len(tensor.shape) == 1 else 0
-        if raw is not None:
-            files = deserialize_bytes(raw, "dicom", limit=max(declared, 1))
-        elif len(tensor.contents.bytes_contents) > max(declared, 1):  # counted before a list is built
-            files = []
-        else:
-            files = list(tensor.contents.bytes_contents)
-        if len(tensor.shape) != 1 or tensor.shape[0] != len(files) or not files:
-            raise InputError(
-                f"input 'dicom' must have shape [N] with N >= 1 matching its {len(files)} elements, "
-                f"got {list(tensor.shape)}",
-                field="dicom",
-            )
+        files = self._dicom_files(request)
         pipeline = ""
         if "pipeline" in request.parameters:
             if request.parameters["pipeline"].WhichOneof("parameter_choice") != "string_param":
@@ -445,6 +430,35 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         tensors.append(np.array([f.frame_index for _, f in frames], dtype=np.int32))
         tensors.append(np.array([f.lossy for _, f in frames], dtype=np.bool_))
         return names, tensors
+
+    def _dicom_files(self, request: oip.ModelInferRequest) -> list[bytes]:
+        """The DICOM view's files, checked against the shape and the limits before more than that is read."""
+        tensor, raw = self._single_input(request, "dicom")
+        if tensor.datatype != "BYTES":
+            raise InputError(f"input 'dicom' must be BYTES, got {tensor.datatype}", field="dicom")
+        if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
+            raise LimitExceeded(f"input 'dicom' holds {tensor.shape[0]} files; at most {self.max_files} per request "
+                                "(config key batcher.queue_capacity): send them in several requests", field="dicom")
+        declared = tensor.shape[0] if len(tensor.shape) == 1 else 0
+        if raw is not None:
+            files = deserialize_bytes(raw, "dicom", limit=max(declared, 1))
+        elif len(tensor.contents.bytes_contents) > max(declared, 1):  # counted before a list is built
+            files = []
+        else:
+            files = list(tensor.contents.bytes_contents)
+        if len(tensor.shape) != 1 or tensor.shape[0] != len(files) or not files:
+            raise InputError(
+                f"input 'dicom' must have shape [N] with N >= 1 matching its {len(files)} elements, "
+                f"got {list(tensor.shape)}",
+                field="dicom",
+            )
+        total = sum(len(f) for f in files)
+        if self.max_message_bytes is not None and total > self.max_message_bytes:
+            # per request, as for Analyze: two 32.3 MiB files used to pass where one of 64.2 MiB did not (session 18)
+            raise Overloaded(f"request of {total} bytes of DICOM in {len(files)} files exceeds "
+                             f"server.max_message_bytes = {self.max_message_bytes}", retry_after_s=None,
+                             reason="MESSAGE_TOO_LARGE")
+        return files
 
     # ---- helpers ----------------------------------------------------------------------------------------
 
@@ -609,8 +623,9 @@ def _refuse_extensions(request: oip.ModelInferRequest, view: str, dicom_view: st
 
 
 def add_to_server(server: grpc.aio.Server, analyzer: Analyzer, *, max_files: int = 64,
-                  frame_window: int = 32) -> OipServicer:
+                  frame_window: int = 32, max_message_bytes: int | None = None) -> OipServicer:
     """Register ``inference.GRPCInferenceService`` over ``analyzer`` on a grpc.aio server; return the servicer."""
-    servicer = OipServicer(analyzer, max_files=max_files, frame_window=frame_window)
+    servicer = OipServicer(analyzer, max_files=max_files, frame_window=frame_window,
+                           max_message_bytes=max_message_bytes)
     oip_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return servicer

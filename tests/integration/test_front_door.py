@@ -312,3 +312,34 @@ def test_a_tensor_with_nan_names_the_input_and_the_row(tmp_path: Path) -> None:
         assert "input 'image' row 1 contains NaN or infinity (1 of 3 rows do)" in e.value.details()
     finally:
         app.stop()
+
+
+def test_the_files_of_one_oip_request_share_one_message_size_limit(tmp_path: Path) -> None:
+    """Held-out review, session 18: two files of 32.3 MiB in one ModelInfer passed where one of 64.2 MiB was refused;
+    server.max_message_bytes bounds one request's DICOM bytes, as for Analyze."""
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+    from appliance.serving.oip import serialize_bytes
+
+    models = tmp_path / "models"
+    write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
+    app = RunningApp(fake_config(models, server={"max_message_bytes": 200_000}), notifier=RecordingNotifier())
+    one = synthetic.to_dicom(synthetic.generate_slice(3, size=256))  # about 131 KB
+
+    def request(files: list[bytes]) -> oip.ModelInferRequest:
+        r = oip.ModelInferRequest(model_name="ct-nodule-dicom")
+        r.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
+        r.raw_input_contents.append(serialize_bytes(files))
+        return r
+
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            stub = oip_grpc.GRPCInferenceServiceStub(ch)
+            stub.ModelInfer(request([one]), timeout=10)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(request([one, one]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        needle = f"request of {2 * len(one)} bytes of DICOM in 2 files exceeds server.max_message_bytes = 200000"
+        assert needle in e.value.details(), e.value.details()
+    finally:
+        app.stop()

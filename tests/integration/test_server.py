@@ -251,6 +251,16 @@ def test_every_service_reflection_lists_can_be_described(running, version: str) 
                  for b in answer.file_descriptor_response.file_descriptor_proto]
         package, _, service = name.rpartition(".")
         assert any(f.package == package and service in [s.name for s in f.service] for f in files), name
+    with grpc.insecure_channel(running.target) as ch:  # a method's full name, as `grpcurl describe` sends it
+        call = ch.stream_stream(f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+                                request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        symbols = ["inference.GRPCInferenceService.ModelInfer", "appliance.v1.Inference.Analyze",
+                   "appliance.v1.Inference.NoSuchMethod"]
+        answers = list(call(iter(reflection_pb2.ServerReflectionRequest(file_containing_symbol=s) for s in symbols),
+                            timeout=10))
+    kinds = [a.WhichOneof("message_response") for a in answers]
+    assert kinds == ["file_descriptor_response", "file_descriptor_response", "error_response"], kinds
 
 
 def test_unix_socket_serves(running, slice_bytes) -> None:

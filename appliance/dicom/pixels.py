@@ -26,7 +26,7 @@ from appliance.errors import DicomError, LimitExceeded
 
 __all__ = ["PIXEL_KEYWORDS", "PixelModule", "check_decode_ratio", "check_limits", "decode_options",
            "encapsulated_pixels", "modality_lut_table", "native_pixels", "per_frame", "pixel_module", "pixel_spacing",
-           "rescale_for", "window_for"]
+           "rescale_for", "rescale_given", "window_for"]
 
 PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 _PHOTOMETRIC_SAMPLES = {
@@ -408,6 +408,11 @@ def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
         raise DicomError(f"{tag_name('RescaleIntercept')} must be a finite float32 number",
                          field="dicom.RescaleIntercept")
     return slope, intercept
+
+
+def rescale_given(ds: Dataset, index: int) -> bool:
+    """Whether frame ``index`` has a Rescale Intercept of its own (top level, or its functional group's)."""
+    return "RescaleIntercept" in ds or _functional_item(ds, index, "PixelValueTransformationSequence") is not None
 
 
 def window_for(ds: Dataset, index: int) -> tuple[float, float] | None:

@@ -20,6 +20,7 @@ import numpy as np
 from msgspec import Meta
 
 from appliance.dicom import DicomInstance, tag_name
+from appliance.dicom.pixels import rescale_given
 from appliance.errors import DicomError
 from appliance.pipeline.kernels import resize_area_into, window_to_unit
 from appliance.schema import Schema
@@ -138,6 +139,12 @@ def _step_modality_lut(fr: Frame, params: ModalityLut) -> None:
         np.clip(idx, 0, table.shape[0] - 1, out=idx)
         np.take(table, idx, out=fr.image)
         return
+    if fr.inst.modality == "CT" and not fr.inst.pixel_representation and not rescale_given(fr.inst.dataset, fr.index):
+        # PS3.3 C.8.2.1: CT requires the intercept. Taken as 0, unsigned values (HU + 1024, as most scanners store
+        # them) were windowed as if they were HU: every value 1024 HU too high, and scored (session 18)
+        raise DicomError(f"{tag_name('RescaleIntercept')} is missing: the stored values of this CT are unsigned "
+                         f"({tag_name('PixelRepresentation')} = 0), so they are not Hounsfield units without it "
+                         "(air is -1000 HU); PS3.3 C.8.2.1 requires it for CT", field="dicom.RescaleIntercept")
     slope, intercept = fr.inst.rescale(fr.index)
     if slope != 1.0:
         np.multiply(fr.image, np.float32(slope), out=fr.image)

@@ -24,7 +24,7 @@ from pydicom.dataset import Dataset
 from pydicom.uid import JPEGLSNearLossless
 
 from appliance.dicom import parse
-from appliance.errors import ConfigError, NotApplicable
+from appliance.errors import ConfigError, DicomError, NotApplicable
 from appliance.pipeline import kernels
 from appliance.pipeline.kernels import resize_area, resize_area_into, window_to_unit
 from appliance.pipeline.loader import load_pipeline, load_pipelines
@@ -430,3 +430,21 @@ def test_a_modality_lut_for_signed_pixels_maps_from_its_signed_first_value() -> 
     first, table = got
     assert first == -2048 and table.shape == (4096,)
     np.testing.assert_array_equal(table, np.arange(4096, dtype=np.float32))
+
+
+@pytest.mark.parametrize("pipeline", ["ct-nodule", "ct-nodule-fast"])
+def test_an_unsigned_ct_without_rescale_intercept_is_refused_not_windowed_as_hu(pipeline: str) -> None:
+    """Session 18: taken as intercept 0, unsigned CT values (HU + 1024, as most scanners store them) were windowed as
+    Hounsfield units, every value 1024 HU too high, and scored. Signed values without one are HU (converters store
+    them that way) and pass, as does an enhanced CT whose functional group carries the intercept."""
+    p = load_pipeline(REPO / "pipelines" / f"{pipeline}.toml", REPO / "models")
+    out = np.zeros((1, 256, 256), np.float32)
+    stored = synthetic.stored_values(synthetic.generate_slice(3, size=256))
+    unsigned = parse(to_bytes(make_dataset(pixels=stored.astype(np.uint16))))
+    with pytest.raises(DicomError, match=r"\(0028,1052\) Rescale Intercept is missing: the stored values of this CT "
+                                         r"are unsigned \(\(0028,0103\) Pixel Representation = 0\)"):
+        p.run(unsigned, 0, out)
+    signed = parse(to_bytes(make_dataset(pixels=(stored.astype(np.int32) - 1024).astype(np.int16))))
+    p.run(signed, 0, out)  # HU stored directly: as before
+    given = parse(to_bytes(make_dataset(pixels=stored.astype(np.uint16), RescaleSlope=1, RescaleIntercept=-1024)))
+    p.run(given, 0, out)

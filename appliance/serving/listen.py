@@ -330,6 +330,8 @@ def _bind_unix(server: grpc.aio.Server, address: Address, group: str) -> str:
     prepare_socket_dir(path.parent)
     if path.exists() and not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise ConfigError(f"config key server.listen: {path} exists and is not a socket")
+    if path.exists():
+        _refuse_live_socket(path)
     gid = _socket_gid(group)
     old = os.umask(0o117)  # the socket is born 0660: no window in which others may connect
     try:
@@ -347,6 +349,26 @@ def _bind_unix(server: grpc.aio.Server, address: Address, group: str) -> str:
     except OSError as e:
         raise ConfigError(f"cannot set mode/group of {path} (config key server.socket_group): {e.strerror}") from None
     return f"unix:{path}"
+
+
+def _refuse_live_socket(path: Path) -> None:
+    """Refuse a socket path another process still serves; a stale one (nobody accepts) is replaced.
+
+    gRPC unlinks whatever socket is at the path and binds its own, so a second daemon given the same path (a manual
+    or canary run) cut the running one off from its socket, and removed it on exit, even when that second daemon then
+    failed to start for another reason (held-out review, session 18). TCP ports cannot be shared; now neither can this.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return  # left by a daemon that is gone
+        except OSError as e:
+            raise ConfigError(f"cannot bind {path} (config key server.listen): the socket there cannot be checked "
+                              f"({e.strerror or e}); is another daemon using it?") from None
+    raise ConfigError(f"cannot bind {path} (config key server.listen): another process is listening on it (a second "
+                      "daemon? stop it, or give this one another path)")
 
 
 def _probe_tcp(address: Address, key: str) -> None:

@@ -23,10 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["BURST_LOAD", "FEW_ARRIVALS", "Decision", "Ready", "choose", "may_burst"]
+__all__ = ["BATCH_AGING_S", "BURST_LOAD", "FEW_ARRIVALS", "Decision", "Ready", "choose", "may_burst"]
 
 #: Expected arrivals within ``max_wait`` below which a partial batch with nothing coming does not wait.
 FEW_ARRIVALS = 0.1
+
+#: Seconds a decoded frame may wait for the engine before its class no longer matters, only its age: INTERACTIVE frames
+#: still go first, but a BATCH frame is not passed over for ever (it also holds an inbox slot while it waits).
+BATCH_AGING_S = 1.0
 #: A batch may take the idle cores (burst threads) when the preprocessing is expected to keep its cores busy for
 #: less than this share of the batch's time.
 BURST_LOAD = 0.5
@@ -97,7 +101,9 @@ def choose(
     if pace_delay_s > 0:
         return Decision(None, min(pace_delay_s, 0.1))
     t_ready = [now if r.t_ready is None else r.t_ready for r in ready]
-    order = sorted(range(len(ready)), key=lambda i: (ready[i].priority, t_ready[i]))
+    # a frame ready for BATCH_AGING_S goes by its age alone: a flood of INTERACTIVE frames starved BATCH (session 18)
+    order = sorted(range(len(ready)), key=lambda i: (
+        0 if now - t_ready[i] >= BATCH_AGING_S else ready[i].priority, t_ready[i]))
     if len(order) >= batch_size:
         return Decision(tuple(order[:batch_size]), 0.0)
     since = min(t_ready)  # the wait is counted from the oldest ready frame...

@@ -240,6 +240,23 @@ def test_interactive_goes_before_earlier_batch_frames(h):
     assert all(r.error is None for r in low + high)
 
 
+def test_a_batch_frame_that_waited_past_the_aging_time_is_not_passed_over_again(h):
+    """Held-out review, session 18: under a flood of INTERACTIVE frames a decoded BATCH frame was passed over for
+    ever (holding its inbox slot). After BATCH_AGING_S only its age counts."""
+    from appliance.batching.policy import BATCH_AGING_S
+
+    h.batcher.pacer.set_duty(0.0)  # nothing launches while the frames gather
+    low = [h.submit([0.3], Priority.BATCH) for _ in range(2)]
+    h.batcher.step(block=False)
+    h.clock.advance(BATCH_AGING_S + 0.1)
+    high = [h.submit([0.7], Priority.INTERACTIVE) for _ in range(8)]
+    h.batcher.pacer.set_duty(1.0)
+    h.settle()
+    first = h.engine.batches[0].reshape(4, -1).mean(axis=1)
+    assert sorted(first) == pytest.approx([0.3, 0.3, 0.7, 0.7])
+    assert all(r.error is None for r in low + high)
+
+
 def test_cancelled_ready_item_is_never_computed_and_frees_its_slot(fake_manifest):
     h = Harness(fake_manifest, max_wait_s=0.2)  # one arrival per second x 0.2 s: worth waiting for a partner
     req = h.submit([0.5])

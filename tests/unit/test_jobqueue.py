@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from appliance.batching.work import Priority
-from appliance.workers.jobqueue import JobQueue
+from appliance.workers.jobqueue import INTERACTIVE_RUN, JobQueue
 
 
 @dataclass(eq=False)
@@ -55,6 +55,31 @@ def test_remove_takes_a_queued_job_out_and_forgets_an_empty_sender() -> None:
     assert not q.remove(c)  # already taken
 
 
+def _classes_in_order(interactive: int, batch: int) -> list[Priority]:
+    """INTERACTIVE first, except that after INTERACTIVE_RUN of them in a row a waiting BATCH job gets a turn."""
+    out, run = [], 0
+    while interactive or batch:
+        if interactive and (not batch or run < INTERACTIVE_RUN):
+            out.append(Priority.INTERACTIVE)
+            interactive -= 1
+            run = run + 1 if batch else 0
+        else:
+            out.append(Priority.BATCH)
+            batch -= 1
+            run = 0
+    return out
+
+
+def test_a_flood_of_interactive_jobs_leaves_batch_jobs_a_share() -> None:
+    """Held-out review, session 18: strictly first, INTERACTIVE work (proto3's default) starved BATCH completely."""
+    q: JobQueue[J] = JobQueue()
+    for k in range(12):
+        q.push(J(f"i{k}", f"client{k % 3}", Priority.INTERACTIVE))
+    for k in range(3):
+        q.push(J(f"b{k}", "batch", Priority.BATCH))
+    assert _order(q) == ["i0", "i1", "i2", "i3", "b0", "i4", "i5", "i6", "i7", "b1", "i8", "i9", "i10", "i11", "b2"]
+
+
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(list(Priority))), max_size=40))
 def test_every_job_comes_out_once_priority_first_and_in_order_per_sender(jobs) -> None:
     q: JobQueue[J] = JobQueue()
@@ -63,7 +88,8 @@ def test_every_job_comes_out_once_priority_first_and_in_order_per_sender(jobs) -
         q.push(j)
     out = q.drain()
     assert sorted(j.name for j in out) == sorted(j.name for j in pushed)
-    assert [j.priority for j in out] == sorted(j.priority for j in out)
+    counts = [sum(j.priority == p for j in pushed) for p in (Priority.INTERACTIVE, Priority.BATCH)]
+    assert [j.priority for j in out] == _classes_in_order(*counts)
     for sender in "abc":
         for p in Priority:
             mine = [j for j in pushed if j.source == sender and j.priority == p]

@@ -64,7 +64,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from appliance.errors import ArtifactIntegrityError, ManifestError
+from appliance.errors import ArtifactIntegrityError, ConfigError, ManifestError
 from appliance.schema import Schema, convert, read_toml
 
 __all__ = [
@@ -154,6 +154,13 @@ class Manifest:
     def directory(self) -> Path:
         """The model directory."""
         return self.path.parent
+
+    def configured_artifact(self, precision: str) -> Artifact:
+        """The artifact the config key ``model.precision`` names ("" = the default); ConfigError naming the key."""
+        if precision and precision not in self.artifacts:
+            raise ConfigError(f"config key model.precision = {precision!r}: {self.path} has no such artifact; have "
+                              f"{sorted(self.artifacts)}")
+        return self.artifact(precision or None)
 
     def artifact(self, precision: str | None = None) -> Artifact:
         """Return the artifact for ``precision`` (default: ``default_precision``)."""

@@ -40,7 +40,7 @@ from appliance.errors import (
 if TYPE_CHECKING:
     from appliance.pipeline.steps import FrameInfo
 
-__all__ = ["BatchObserver", "Inbox", "QueueStats"]
+__all__ = ["BatchObserver", "Inbox", "QueueStats", "check_capacity"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,13 @@ log = logging.getLogger(__name__)
 ARRIVAL_WINDOW_S = 1.0
 #: Weight of the newest frame in the moving mean of the workers' time per frame.
 PREPROCESS_EWMA = 0.02
+
+
+def check_capacity(queue_capacity: int, batch_size: int) -> None:
+    """ConfigError unless the inbox holds at least one full batch (``doctor --config`` asks the same)."""
+    if queue_capacity < batch_size:
+        raise ConfigError(f"config key batcher.queue_capacity ({queue_capacity}) must be >= the model's batch size "
+                          f"({batch_size})")
 
 
 @dataclass(frozen=True)
@@ -107,8 +114,7 @@ class Inbox:
         self.observer = observer or BatchObserver()
         self.batch_size = batch_size
         cap = self.config.queue_capacity
-        if cap < batch_size:
-            raise ConfigError(f"batcher.queue_capacity ({cap}) must be >= the model's batch size ({batch_size})")
+        check_capacity(cap, batch_size)
         shape = (cap, *item_shape)
         if arena is not None and (arena.shape != shape or arena.dtype != np.float32):
             raise ValueError(f"arena must be float32 {shape}, got {arena.dtype} {arena.shape}")

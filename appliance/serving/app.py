@@ -72,7 +72,7 @@ class App:
         self.metrics = Metrics(config.metrics.window)
         # model and pipelines: validated now, so a bad config fails before anything binds
         self.manifest = load_manifest(config.models_dir() / config.model.name / "model.toml")
-        self.artifact = self.manifest.artifact(config.model.precision or None)
+        self.artifact = self.manifest.configured_artifact(config.model.precision)
         self.pipelines, self.default_pipeline = served_pipelines(config, self.manifest)
         self.limits = dicom.DicomLimits(
             max_bytes=config.server.max_message_bytes,

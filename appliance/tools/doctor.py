@@ -148,6 +148,7 @@ def check_pipelines(config: Any, manifest: Any) -> Check:
 
 def check_model(config: Any) -> tuple[list[Check], Any]:
     """Manifest, artifact integrity, and one batch on the CPU engine."""
+    from appliance.batching.inbox import check_capacity
     from appliance.engines.onnxruntime import OrtCpuEngine
     from appliance.errors import ApplianceError
     from appliance.manifest import load_manifest
@@ -168,8 +169,13 @@ def check_model(config: Any) -> tuple[list[Check], Any]:
             )
         except ApplianceError as e:
             checks.append(Check(f"artifact {precision}", False, str(e)))
+    try:  # what serve refuses at start, refused here too (ops review, session 18: doctor passed both)
+        artifact = manifest.configured_artifact(config.model.precision)
+        check_capacity(config.batcher.queue_capacity, manifest.input.batch_size)
+    except ApplianceError as e:
+        checks.append(Check("model configuration", False, str(e)))
+        return checks, manifest
     if OrtCpuEngine.why_unavailable() is None:
-        artifact = manifest.artifact(config.model.precision or None)
         engine = OrtCpuEngine(manifest, artifact, {"intra_op_threads": config.engine.intra_op_threads})
         try:
             engine.load()
@@ -257,7 +263,7 @@ def check_thermal(config: Any, manifest: Any, sim: bool, quick: bool) -> Check:
         return Check("thermal commissioning", False, f"needs an NVIDIA GPU: {therm.why_unavailable}")
     from appliance.engines.onnxruntime import OrtCudaEngine
 
-    engine = OrtCudaEngine(manifest, manifest.artifact(config.model.precision or None), {})
+    engine = OrtCudaEngine(manifest, manifest.configured_artifact(config.model.precision), {})
     engine.load()
     batch, _ = _synthetic_batch(manifest)
     load = _EngineLoad(engine, batch)

@@ -84,10 +84,15 @@ def test_doctor_refuses_what_serve_would_refuse(tmp_path, capsys) -> None:
         "start-up checks": f'[engine]\ncache_dir = "{tmp_path / "a_file" / "cache"}"\n',
         "configured backend": '[engine]\nbackend = "onnxruntime-cuda"\n',
         "pipelines": '[model]\ndefault_pipeline = "no-such-pipeline"\n',
+        # ops review, session 18: doctor passed these three, which serve refuses (exit 78), and crashed on the first
+        "model configuration": '[model]\nprecision = "int8"\n',
+        "model configuration ": "[batcher]\nqueue_capacity = 4\n",
+        "start-up checks ": '[server]\nsocket_group = "no-such-group-here"\n',
     }
     for name, text in cases.items():
         cfg = tmp_path / "cfg.toml"
         cfg.write_text(text)
         assert cli_main(["doctor", "--config", str(cfg), "--json"]) == 1, name
         checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
-        assert not checks[name]["ok"], (name, checks[name])
+        assert not checks[name.strip()]["ok"], (name, checks[name.strip()])
+        assert "config key" in checks[name.strip()]["detail"] or name.strip() != "model configuration", checks

@@ -30,7 +30,7 @@ import numpy as np
 from msgspec import Meta
 
 from appliance.engines.base import Engine, EngineOptionsSchema
-from appliance.errors import BackendUnavailable, EngineError
+from appliance.errors import BackendUnavailable, ConfigError, EngineError
 
 __all__ = ["TritonEngine", "TritonOptions"]
 
@@ -82,7 +82,7 @@ class TritonEngine(Engine):
     def load(self) -> None:
         """Connect, wait for the remote model to be ready, and check it against the manifest."""
         if not self.url:
-            raise BackendUnavailable("the triton backend needs a server address: config key engine.options.url")
+            raise ConfigError("the triton backend needs a server address: config key engine.options.url is empty")
         pb, pb_grpc = _stubs()
         self._channel = grpc.insecure_channel(
             self.url,

@@ -24,7 +24,7 @@ from appliance.engines import AUTO_ORDER, BACKENDS, resolve
 from appliance.engines.fake import FakeEngine
 from appliance.engines.onnxruntime import OrtCpuEngine
 from appliance.engines.triton import TritonEngine
-from appliance.errors import BackendUnavailable, EngineDeadError, EngineError
+from appliance.errors import BackendUnavailable, ConfigError, EngineDeadError, EngineError
 from appliance.manifest import Manifest, load_manifest
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
@@ -140,7 +140,8 @@ def test_triton_engine_over_oip_matches_the_remote_engine(loopback: LoopbackOip,
 
 
 def test_triton_engine_refuses_a_mismatched_remote(loopback: LoopbackOip, manifest: Manifest) -> None:
-    with pytest.raises(BackendUnavailable, match="engine.options.url"):
+    # a configuration error (exit 78, not 1: systemd must not retry it; ops review, session 18)
+    with pytest.raises(ConfigError, match="config key engine.options.url is empty"):
         TritonEngine(manifest, manifest.artifact(None), {}).load()
     with pytest.raises(BackendUnavailable, match="not ready"):
         TritonEngine(

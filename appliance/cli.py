@@ -112,7 +112,31 @@ def _add_tls_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-server-name", help="expected server name, if not the target's host")
 
 
+def _target_problem(target: str) -> str | None:
+    """What is wrong with a ``--target`` gRPC cannot mean (None: it looks like an address).
+
+    gRPC takes any string and just never connects, so ``--target 'nonsense::::'`` read as an unreachable daemon
+    (CRITICAL, a page) instead of a wrong check (ops review, session 18).
+    """
+    if target.startswith(("unix:", "unix-abstract:")):
+        return None if target.partition(":")[2] else "a unix target needs a path (unix:/run/edge-appliance/grpc.sock)"
+    if target.startswith(("dns:", "ipv4:", "ipv6:")):
+        return None  # gRPC's own URI schemes: passed on as they are
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return "expected HOST:PORT with a port in 1..65535, or unix:PATH"
+    if host.startswith("["):
+        return None if host.endswith("]") and ":" in host else "a bracketed IPv6 host must end with ]"
+    if ":" in host:
+        return "an IPv6 host must be bracketed: [::1]:50051"
+    return None
+
+
 def _cmd_health(args: argparse.Namespace) -> int:
+    problem = _target_problem(args.target)
+    if problem is not None:  # a wrong check, not a down daemon
+        print(f"EDGE-APPLIANCE UNKNOWN: --target {args.target!r}: {problem}")
+        return UNKNOWN
     try:
         return _health(args)
     except Exception as e:  # noqa: BLE001 - Nagios contract: anything unexpected is UNKNOWN, never WARNING

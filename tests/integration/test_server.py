@@ -194,6 +194,11 @@ def test_health_cli_ok_and_json(running, capsys) -> None:
 
 def test_health_cli_unreachable_and_bad_args(capsys) -> None:
     assert cli_main(["health", "--target", "127.0.0.1:1", "--timeout", "0.3"]) == 2
+    # a target gRPC cannot mean is a wrong check (3), not a down daemon (2, a page): ops review, session 18
+    for target in ("nonsense::::", "localhost:99999", "unix:", "::1:50051"):
+        assert cli_main(["health", "--target", target, "--timeout", "0.3"]) == 3, target
+        assert f"UNKNOWN: --target {target!r}" in capsys.readouterr().out
+    assert cli_main(["health", "--target", "[::1]:1", "--timeout", "0.3"]) == 2  # well formed, nobody there
     for bad in (["--bogus"], ["--timeout", "0"], ["--timeout", "nan"], ["--timeout", "-1"]):
         with pytest.raises(SystemExit) as e:
             cli_main(["health", *bad])

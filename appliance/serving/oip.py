@@ -394,6 +394,8 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 file_id = request_id
             share = FrameShare(window) if window is not None else None
             try:
+                if share is not None:
+                    await share.enter(time_remaining)
                 return await self.analyzer.analyze(
                     data, request_id=file_id, pipeline=pipeline, priority=priority, time_remaining=time_remaining,
                     admit_frames=share.take if share is not None else None, wait_for_budget=share is not None,

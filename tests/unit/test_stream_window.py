@@ -42,3 +42,32 @@ def test_an_item_gives_back_what_it_holds_once() -> None:
         assert window._used == 0
 
     asyncio.run(scenario())
+
+
+def test_one_file_of_a_window_at_a_time_goes_to_a_worker_before_admission() -> None:
+    """Held-out review, session 18: a file learns its frame count in a worker, then waits for the window holding that
+    worker; a stream of 33-frame files parked both workers. The gate lets one file at a time go to a worker until it
+    is admitted (take) or done (close), so a window parks one worker at most."""
+    from appliance.errors import DeadlineExceeded
+
+    async def scenario() -> None:
+        window = FrameWindow(4)
+        first, second, third = FrameShare(window), FrameShare(window), FrameShare(window)
+        await first.enter(None)
+        entering = asyncio.create_task(second.enter(None))
+        await asyncio.sleep(0)
+        assert not entering.done()  # the first file has not been admitted yet
+        with pytest.raises(DeadlineExceeded, match="waited for its turn"):
+            await third.enter(0.01)
+        await first.take(4)  # admitted: the next file may go to a worker (the window itself is full)
+        await asyncio.wait_for(entering, 1.0)
+        waiting = asyncio.create_task(second.take(4))  # parked until the first is done, holding the gate
+        await asyncio.sleep(0)
+        await first.close()
+        await asyncio.wait_for(waiting, 1.0)
+        await second.close()
+        await asyncio.wait_for(third.enter(None), 1.0)  # every gate given back
+        await third.close()
+        assert window._used == 0
+
+    asyncio.run(scenario())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import math
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -402,6 +403,13 @@ class RequestPath:
 
         async def admit() -> list[WorkItem]:
             await admit_frames(n_frames)
+            # a stream waits for room in the inbox too, as it waits for its window: ten 64-frame files on one stream
+            # beside light unary clients had 3 items refused "inbox full: 1 of 64 slots in use" (session 18 review)
+            cap = self.batcher.config.queue_capacity
+            while (cap - self.batcher.statistics().depth < min(n_frames, cap)
+                   and self.clock.monotonic() < (job.request.deadline or math.inf)):
+                self._check_admitting()
+                await asyncio.sleep(0.01)
             # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
             return self._admit(job, n_frames, sop_uid, keep_free=0)
 

@@ -159,3 +159,33 @@ def test_a_drain_waits_for_a_call_still_waiting_for_queue_room_and_answers_it_un
     assert not idle_while_waiting
     assert isinstance(error, Unavailable) and "draining" in str(error)
     assert idle_after
+
+
+def test_a_stream_admission_waits_for_room_in_the_inbox_instead_of_being_refused(fake_manifest: Any) -> None:
+    """Held-out review, session 18: a stream of 64-frame files beside light unary clients had items refused "inbox
+    full: 1 of 64 slots in use"; a stream waits for room as it waits for its window."""
+    path = _path(fake_manifest)  # 8 slots
+    other = _job("other")
+    path._admit(other, 6, "1.2.3", keep_free=0)  # another client's frames: 2 slots free
+    job = _job("stream")
+    job.request.deadline = path.clock.monotonic() + 60.0
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+
+    async def window(n_frames: int) -> None:  # the stream's own window is open
+        return None
+
+    def free_later() -> None:
+        threading.Event().wait(0.2)
+        path._drop(other.request, other, CANCEL)  # the other client's frames are done: their slots come back
+
+    try:
+        threading.Thread(target=free_later).start()
+        items = path._admit_stream(loop, job, 4, "1.2.4", window)
+        assert len(items) == 4 and path.batcher.statistics().depth == 4
+        assert path.batcher.statistics().rejected == 0  # it waited: nothing was refused
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.close()

@@ -272,8 +272,6 @@ class App:
         timeout = self.config.workers.start_timeout_s
         if not await asyncio.get_running_loop().run_in_executor(None, self.pool.wait_started, timeout):
             raise Unavailable(f"preprocessing workers did not start within {timeout} s (workers.start_timeout_s)")
-        for name, why in getattr(self.engine, "skipped", {}).items():  # "auto" chooses at load time
-            log.warning("engine backend %s skipped: %s", name, why)
         log.info(
             "engine ready: %s on %s, B=%d, %.1f ms/batch after warm-up",
             self.engine.precision,

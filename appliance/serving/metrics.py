@@ -10,6 +10,7 @@ series and the Grafana dashboard built on them.
 from __future__ import annotations
 
 import collections
+import math
 import platform
 import threading
 import time
@@ -123,6 +124,9 @@ class Metrics(BatchObserver):
         self.up = Gauge("appliance_serving", "1 while SERVING, else 0", registry=r)
         self.gpu_temperature = Gauge("appliance_gpu_temperature_celsius", "GPU temperature reading", registry=r)
         self.gpu_power = Gauge("appliance_gpu_power_watts", "GPU power draw reading", registry=r)
+        # NaN until a reading exists (none on a box without a GPU): 0 read as a cold GPU (ops review, session 18)
+        self.gpu_temperature.set(math.nan)
+        self.gpu_power.set(math.nan)
         self.thermal_duty = Gauge("appliance_thermal_duty_ratio", "Pacing duty handed to the batcher", registry=r)
         self.thermal_state = Gauge("appliance_thermal_state", "Governor state (one-hot)", ["state"], registry=r)
         for state in GovernorState:

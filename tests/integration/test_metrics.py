@@ -186,7 +186,11 @@ def test_metrics_off_binds_nothing(models_dir: Path) -> None:
 
 
 def test_thermal_counters_grow_by_delta_and_state_is_one_hot() -> None:
+    import math
+
     m = Metrics()
+    assert math.isnan(m.registry.get_sample_value("appliance_gpu_temperature_celsius"))  # no reading yet: not 0 °C
+    assert math.isnan(m.registry.get_sample_value("appliance_gpu_power_watts"))
     m.observe_thermal(Snap(71.5, 0.8, "THROTTLING", 2.0, 1, power_w=180.0))
     m.observe_thermal(Snap(None, 0.7, "HOLDING", 3.5, 3))
     m.observe_thermal(Snap(70.0, 0.7, "HOLDING", 3.5, 3))  # no change: no increment

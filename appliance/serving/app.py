@@ -9,6 +9,7 @@ thermal controller -> pacer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -455,6 +456,12 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     start = asyncio.create_task(app.start())
     done, _ = await asyncio.wait({start, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if start in done:
+        if start.exception() is not None:
+            # stop what started before the loop closes: a gRPC server left to the garbage collector printed a traceback
+            # ("Event loop is closed"), and workers still being forked printed EOFErrors, after the one `cannot start:`
+            # line (ops review, session 18)
+            with contextlib.suppress(Exception):
+                await app.stop(0)
         start.result()  # raise a startup failure (the process exits; workers are daemonic children)
         log.info("serving after %.1f s", time.monotonic() - t0)
         waits = {asyncio.create_task(stop.wait()), asyncio.create_task(app.fatal_event.wait())}

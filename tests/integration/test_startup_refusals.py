@@ -32,6 +32,15 @@ def _empty_pipelines_dir(tmp_path: Path) -> str:
     return _with("model", f'pipelines_dir = "{tmp_path / "empty"}"')(tmp_path)
 
 
+def _corrupt_artifact(tmp_path: Path) -> str:
+    """The model's artifact changed after its manifest was written: its sha256 no longer matches."""
+    text = _base(tmp_path)
+    for f in (tmp_path / "models" / "ct-nodule").iterdir():
+        if f.name != "model.toml":
+            f.write_bytes(f.read_bytes() + b"changed")
+    return text
+
+
 def _with(section: str, line: str) -> Callable[[Path], str]:
     """A config whose [section] gets ``line``, merged (no second table); a key already there is replaced."""
 
@@ -123,6 +132,11 @@ CASES: list[tuple[str, Callable[[Path], str], str]] = [
     # ops review, session 14: both exited 1 (a restart loop under Restart=on-failure), the second naming the wrong key
     ("default pipeline unknown", _with("model", 'default_pipeline = "no-such-pipeline"'), "model.default_pipeline"),
     ("pipelines dir empty", _empty_pipelines_dir, "model.pipelines_dir"),
+    # ops review, session 18: a gRPC traceback ("Event loop is closed") followed the one line; an unknown precision
+    # did not name its key; a triton backend without url exited 1
+    ("artifact changed", _corrupt_artifact, "sha256"),
+    ("precision unknown", _with("model", 'precision = "int8"'), "config key model.precision = 'int8'"),
+    ("triton without url", _with("engine", 'backend = "triton"'), "config key engine.options.url is empty"),
 ]
 if os.geteuid() == 0:
     CASES.append(("socket dir not ours", _socket_dir_not_ours, "owned by uid 65534"))

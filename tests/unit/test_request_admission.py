@@ -189,3 +189,19 @@ def test_a_stream_admission_waits_for_room_in_the_inbox_instead_of_being_refused
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
         loop.close()
+
+
+def test_queue_full_advises_a_retry_after_the_requests_waiting_for_the_workers(fake_manifest: Any) -> None:
+    """Held-out review, session 18: the advised retry counted only the inbox (40-46 ms) where the 64 requests waiting
+    for a worker needed 0.7 s, so clients that honoured it came back as a storm."""
+    path = _path(fake_manifest)
+    path.pool.unadmitted = lambda: 64  # type: ignore[method-assign]  # the bound (max_unadmitted 64) is reached
+    path.batcher.preprocess_s_estimate = 0.02  # 20 ms a file, 1 worker: 1.28 s for the queue ahead
+
+    async def refused() -> Overloaded:
+        with pytest.raises(Overloaded) as e:
+            await path._queue_room(path.clock.monotonic() + 10.0, wait=False)
+        return e.value
+
+    error = asyncio.run(refused())
+    assert error.reason == "QUEUE_FULL" and error.retry_after_s is not None and error.retry_after_s >= 1.28

@@ -25,7 +25,7 @@ from appliance.errors import ApplianceError, DeadlineExceeded, InputError, Unava
 from appliance.privacy import hash_uid, reply_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.serving.analyze import Analysis, RequestPath
+from appliance.serving.analyze import DEADLINE_SLACK_S, Analysis, RequestPath
 
 __all__ = ["FrameShare", "FrameWindow", "InferenceServicer", "error_status", "loggable_id"]
 
@@ -226,8 +226,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 time_remaining=context.time_remaining(),
                 source=context.peer(),
             )
-        except asyncio.CancelledError:
-            self._finish(grpc.StatusCode.CANCELLED, t0, request.request_id)
+        except asyncio.CancelledError:  # the client left, or gRPC ended the call at its deadline
+            left = context.time_remaining()
+            expired = left is not None and left <= DEADLINE_SLACK_S
+            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED, t0,
+                         request.request_id)
             raise
         except ApplianceError as e:
             self._finish(e.code, t0, request.request_id)

@@ -205,3 +205,20 @@ def test_queue_full_advises_a_retry_after_the_requests_waiting_for_the_workers(f
 
     error = asyncio.run(refused())
     assert error.reason == "QUEUE_FULL" and error.retry_after_s is not None and error.retry_after_s >= 1.28
+
+
+def test_a_cancel_at_the_clients_deadline_is_counted_deadline_exceeded(fake_manifest: Any) -> None:
+    """Held-out review, session 18: gRPC ends a call at its deadline by cancelling the handler, racing this path's own
+    timer, and 76 of 194 expiries were counted CANCELLED (a client cancel) instead of DEADLINE_EXCEEDED."""
+    path = _path(fake_manifest)
+    counted: list[str] = []
+    path._on_finished = lambda code, seconds: counted.append(code)
+    for advance, expected in ((0.3, "DEADLINE_EXCEEDED"), (0.1, "CANCELLED")):
+        t0 = path.clock.monotonic()
+        with pytest.raises(asyncio.CancelledError), path._counted(t0, time_remaining=0.3):
+            path.clock.advance(advance)
+            raise asyncio.CancelledError
+        assert counted[-1] == expected
+    with pytest.raises(asyncio.CancelledError), path._counted(path.clock.monotonic()):  # no deadline: the client's
+        raise asyncio.CancelledError
+    assert counted == ["DEADLINE_EXCEEDED", "CANCELLED", "CANCELLED"]

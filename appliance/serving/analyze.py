@@ -421,7 +421,7 @@ class RequestPath:
             # a stream waits for room in the inbox too, as it waits for its window: ten 64-frame files on one stream
             # beside light unary clients had 3 items refused "inbox full: 1 of 64 slots in use" (session 18 review)
             cap = self.batcher.config.queue_capacity
-            while (cap - self.batcher.statistics().depth < min(n_frames, cap)
+            while (n_frames <= cap and cap - self.batcher.statistics().depth < n_frames  # larger: refused at once
                    and self.clock.monotonic() < (job.request.deadline or math.inf)):
                 self._check_admitting()
                 await asyncio.sleep(0.01)

@@ -52,3 +52,13 @@ class LoopbackOip:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+def dicom_infer_request(files: list[bytes], request_id: str = "") -> Any:
+    """A ModelInfer request for the DICOM view (``ct-nodule-dicom``) carrying ``files`` in raw BYTES contents."""
+    from appliance.proto.inference import grpc_service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="ct-nodule-dicom", id=request_id)
+    request.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
+    request.raw_input_contents.append(oip.serialize_bytes(files))
+    return request

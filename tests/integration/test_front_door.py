@@ -17,6 +17,7 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
 from appliance.tools.chaos import ANY_PIPELINE, bad_cases, fault_case
+from tests.oip_support import dicom_infer_request
 from tests.support import OWN_CONNECTION, REPO, RunningApp, fake_config, write_fake_model
 
 CASES = bad_cases(seed=0)
@@ -267,9 +268,7 @@ def test_the_files_of_one_oip_request_wait_for_each_other_instead_of_refusing_ea
     """Held-out review, session 18: two 33-frame files in one ModelInfer, from an otherwise idle client, were refused
     RESOURCE_EXHAUSTED "inbox full: 33 of 64 slots in use" by each other, at random. They now share one frame
     window, as the items of one AnalyzeStream do."""
-    from appliance.proto.inference import grpc_service_pb2 as oip
     from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-    from appliance.serving.oip import serialize_bytes
 
     models = tmp_path / "models"
     write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
@@ -280,10 +279,7 @@ def test_the_files_of_one_oip_request_wait_for_each_other_instead_of_refusing_ea
         with grpc.insecure_channel(app.target) as ch:
             stub = oip_grpc.GRPCInferenceServiceStub(ch)
             for attempt in range(3):
-                request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id=f"two-{attempt}")
-                request.inputs.add(name="dicom", datatype="BYTES", shape=[2])
-                request.raw_input_contents.append(serialize_bytes(files))
-                response = stub.ModelInfer(request, timeout=30)
+                response = stub.ModelInfer(dicom_infer_request(files, f"two-{attempt}"), timeout=30)
                 shapes = {o.name: list(o.shape) for o in response.outputs}
                 assert shapes["file_index"] == [18] and shapes["frame_index"] == [18]
     finally:
@@ -317,27 +313,19 @@ def test_a_tensor_with_nan_names_the_input_and_the_row(tmp_path: Path) -> None:
 def test_the_files_of_one_oip_request_share_one_message_size_limit(tmp_path: Path) -> None:
     """Held-out review, session 18: two files of 32.3 MiB in one ModelInfer passed where one of 64.2 MiB was refused;
     server.max_message_bytes bounds one request's DICOM bytes, as for Analyze."""
-    from appliance.proto.inference import grpc_service_pb2 as oip
     from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-    from appliance.serving.oip import serialize_bytes
 
     models = tmp_path / "models"
     write_fake_model(models, batch=4, h=256, w=256, name="ct-nodule", heatmap=16)
     app = RunningApp(fake_config(models, server={"max_message_bytes": 200_000}), notifier=RecordingNotifier())
     one = synthetic.to_dicom(synthetic.generate_slice(3, size=256))  # about 131 KB
 
-    def request(files: list[bytes]) -> oip.ModelInferRequest:
-        r = oip.ModelInferRequest(model_name="ct-nodule-dicom")
-        r.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
-        r.raw_input_contents.append(serialize_bytes(files))
-        return r
-
     try:
         with grpc.insecure_channel(app.target) as ch:
             stub = oip_grpc.GRPCInferenceServiceStub(ch)
-            stub.ModelInfer(request([one]), timeout=10)
+            stub.ModelInfer(dicom_infer_request([one]), timeout=10)
             with pytest.raises(grpc.RpcError) as e:
-                stub.ModelInfer(request([one, one]), timeout=10)
+                stub.ModelInfer(dicom_infer_request([one, one]), timeout=10)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         needle = f"request of {2 * len(one)} bytes of DICOM in 2 files exceeds server.max_message_bytes = 200000"
         assert needle in e.value.details(), e.value.details()

@@ -21,6 +21,7 @@ from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving.metrics import LATENCY_BUCKETS, Metrics, parse_listen
 from appliance.serving.notify import RecordingNotifier
 from appliance.tools import synthetic
+from tests.oip_support import dicom_infer_request
 from tests.support import RunningApp, fake_config
 
 #: every family the dashboard and docs/monitoring.md rely on, with its Prometheus type
@@ -269,25 +270,17 @@ def test_a_multi_file_oip_request_is_counted_once_with_its_own_outcome(models_di
     """Held-out review, session 18: one ModelInfer of 20 files, the last not DICOM, moved appliance_requests_total
     by OK +15, INVALID_ARGUMENT +1 and CANCELLED +4 (the abandoned siblings), though the client sent one request and
     cancelled nothing."""
-    from appliance.proto.inference import grpc_service_pb2 as oip
     from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-    from appliance.serving.oip import serialize_bytes
 
     good = synthetic.to_dicom(synthetic.generate_slice(5, size=256))
     app = RunningApp(fake_config(models_dir), notifier=RecordingNotifier())
 
-    def request(files: list[bytes], rid: str) -> oip.ModelInferRequest:
-        r = oip.ModelInferRequest(model_name="ct-nodule-dicom", id=rid)
-        r.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
-        r.raw_input_contents.append(serialize_bytes(files))
-        return r
-
     try:
         with grpc.insecure_channel(app.target) as channel:
             stub = oip_grpc.GRPCInferenceServiceStub(channel)
-            stub.ModelInfer(request([good] * 3, "three"), timeout=30)
+            stub.ModelInfer(dicom_infer_request([good] * 3, "three"), timeout=30)
             with pytest.raises(grpc.RpcError) as e:
-                stub.ModelInfer(request([good] * 19 + [b"not dicom"], "twenty"), timeout=30)
+                stub.ModelInfer(dicom_infer_request([good] * 19 + [b"not dicom"], "twenty"), timeout=30)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details().startswith("dicom[19]")
         families = scrape(app.app.metrics_address)
         counts = {s.labels["code"]: s.value for s in families["appliance_requests"].samples

@@ -300,33 +300,36 @@ def test_socket_directory_rules(tmp_path: Path) -> None:
     assert socket_path(Address("unix:/x/y.sock", "unix", path="/x/y.sock"), {}) == Path("/x/y.sock")
 
 
-def test_a_regular_file_where_the_socket_goes_is_refused(models_dir, tmp_path: Path) -> None:
-    from appliance.serving.app import App
-
-    run = tmp_path / "run"
-    run.mkdir(mode=0o750)
-    (run / "grpc.sock").write_text("not a socket")
-    app = App(fake_config(models_dir, server={"listen": [f"unix:{run}/grpc.sock"]}))
+def _start_and_stop(models_dir: Path, socket: Path) -> None:
+    """Start an App listening on ``socket`` only, then stop it (a failed start raises its error)."""
     import asyncio
 
-    async def start() -> None:
+    from appliance.serving.app import App
+
+    app = App(fake_config(models_dir, server={"listen": [f"unix:{socket}"]}))
+
+    async def run() -> None:
         try:
             await app.start()
         finally:
             await app.stop(0)
 
+    asyncio.run(run())
+
+
+def test_a_regular_file_where_the_socket_goes_is_refused(models_dir, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o750)
+    (run / "grpc.sock").write_text("not a socket")
     with pytest.raises(ConfigError, match="exists and is not a socket"):
-        asyncio.run(start())
+        _start_and_stop(models_dir, run / "grpc.sock")
 
 
 
 def test_a_socket_another_process_serves_is_refused_and_left_alone(models_dir, tmp_path: Path) -> None:
     """Held-out review, session 18: a second daemon given the running one's socket path unlinked that socket and
     bound its own (gRPC does), even when it then failed to start: the first daemon lost its DICOM router's path."""
-    import asyncio
     import socket as _socket
-
-    from appliance.serving.app import App
 
     run = tmp_path / "run"
     run.mkdir(mode=0o750)
@@ -334,28 +337,12 @@ def test_a_socket_another_process_serves_is_refused_and_left_alone(models_dir, t
     live = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     live.bind(str(path))
     live.listen(1)
-    app = App(fake_config(models_dir, server={"listen": [f"unix:{path}"]}))
-
-    async def start() -> None:
-        try:
-            await app.start()
-        finally:
-            await app.stop(0)
-
     try:
         with pytest.raises(ConfigError, match="another process is listening on it"):
-            asyncio.run(start())
+            _start_and_stop(models_dir, path)
         probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         probe.connect(str(path))  # the first server's socket is still there and still answers
         probe.close()
     finally:
         live.close()
-    stale = App(fake_config(models_dir, server={"listen": [f"unix:{path}"]}))  # nobody accepts now: replaced
-
-    async def serve_stale() -> None:
-        try:
-            await stale.start()
-        finally:
-            await stale.stop(0)
-
-    asyncio.run(serve_stale())
+    _start_and_stop(models_dir, path)  # nobody accepts on it now: a stale socket is replaced

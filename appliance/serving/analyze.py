@@ -40,7 +40,8 @@ from appliance.pipeline.postprocess import Postprocessor
 from appliance.serving.admission import ByteBudget, Senders
 from appliance.workers.pool import Job, WorkerPool
 
-__all__ = ["DEADLINE_SLACK_S", "Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits", "RequestPath"]
+__all__ = ["BATCH_SHARE", "DEADLINE_SLACK_S", "Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits",
+           "RequestPath"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,9 @@ class Analyzer(Protocol):
         """Count a request whose files were analyzed uncounted (its final gRPC code name; its seconds if OK)."""
         ...
 
+
+#: The share of the requests-waiting-for-a-worker bound that BATCH requests may fill; the rest is INTERACTIVE's.
+BATCH_SHARE = 0.75
 
 #: A cancel this close to the client's deadline (or past it) is the deadline's, not the client's (clocks and timers
 #: of gRPC and this path differ by milliseconds).
@@ -273,7 +277,7 @@ class RequestPath:
                     return self._admit_stream(loop, job, n_frames, sop_uid, admit_frames)
 
                 job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
-                await self._queue_room(deadline, wait=wait_for_budget, share=share)
+                await self._queue_room(deadline, wait=wait_for_budget, share=share, priority=priority)
                 self.pool.submit(job)
                 await self._wait(done, request, job)
         return self._analysis(request, t0)
@@ -329,16 +333,31 @@ class RequestPath:
         cap = self.batcher.config.queue_capacity
         return cap - int(cap * self._senders.share(source, counted=True))
 
-    async def _queue_room(self, deadline: float, *, wait: bool, share: float = 1.0) -> None:
-        """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker."""
+    async def _queue_room(self, deadline: float, *, wait: bool, share: float = 1.0,
+                          priority: Priority = Priority.INTERACTIVE) -> None:
+        """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker.
+
+        BATCH requests get ``BATCH_SHARE`` of the bound: the rest is kept for INTERACTIVE ones, which a BATCH backlog
+        otherwise refused QUEUE_FULL (9 of 20 behind 70 BATCH calls on one connection; held-out review, session 18).
+        """
+        sender_share = share
+        if priority is Priority.BATCH:
+            share *= BATCH_SHARE
         bound = max(1, int(self.limits.max_unadmitted * share))
         while (waiting := self.pool.unadmitted()) >= bound:
             self._check_admitting()  # a drain began while it waited: UNAVAILABLE now, not CANCELLED at the end
             if not wait:
-                reason = "SENDER_SHARE" if waiting < self.limits.max_unadmitted else "QUEUE_FULL"
+                # SENDER_SHARE when it is the sender's share that is used up; the whole bound or BATCH's: QUEUE_FULL
+                sender_bound = int(self.limits.max_unadmitted * sender_share)
+                reason = "SENDER_SHARE" if sender_bound <= waiting < self.limits.max_unadmitted else "QUEUE_FULL"
                 self.batcher.count_rejection(reason)
-                part = "" if share >= 1.0 else (f", {share:.0%} of it for a sender that already has requests in "
-                                                "flight; the rest is kept for other senders")
+                parts = []
+                if sender_share < 1.0:
+                    parts.append(f"{sender_share:.0%} of it for a sender that already has requests in flight; the rest "
+                                 "is kept for other senders")
+                if priority is Priority.BATCH:
+                    parts.append(f"{BATCH_SHARE:.0%} of that for BATCH requests; the rest is kept for INTERACTIVE ones")
+                part = f", {'; '.join(parts)}" if parts else ""
                 # the advised retry covers the requests waiting for the workers, not only the inbox: 40-46 ms was
                 # advised where 0.7 s was needed behind 80 flooding connections, and retries came as a storm
                 # (held-out review, session 18)

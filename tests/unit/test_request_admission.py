@@ -222,3 +222,22 @@ def test_a_cancel_at_the_clients_deadline_is_counted_deadline_exceeded(fake_mani
     with pytest.raises(asyncio.CancelledError), path._counted(path.clock.monotonic()):  # no deadline: the client's
         raise asyncio.CancelledError
     assert counted == ["DEADLINE_EXCEEDED", "CANCELLED", "CANCELLED"]
+
+
+def test_batch_requests_leave_room_at_the_workers_for_interactive_ones(fake_manifest: Any) -> None:
+    """Held-out review, session 18: behind 70 BATCH calls on one connection, 9 of 20 INTERACTIVE calls were refused
+    QUEUE_FULL. BATCH requests may fill BATCH_SHARE of the requests-waiting-for-a-worker bound; the rest is kept."""
+    from appliance.batching.work import Priority
+    from appliance.serving.analyze import BATCH_SHARE
+
+    path = _path(fake_manifest)
+    waiting = int(path.limits.max_unadmitted * BATCH_SHARE)  # 48 of 64
+    path.pool.unadmitted = lambda: waiting  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        with pytest.raises(Overloaded, match="for BATCH requests; the rest is kept for INTERACTIVE ones") as e:
+            await path._queue_room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.BATCH)
+        assert e.value.reason == "QUEUE_FULL"
+        await path._queue_room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.INTERACTIVE)  # admitted
+
+    asyncio.run(scenario())

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +40,7 @@ from appliance.errors import (
     Overloaded,
     Unavailable,
 )
-from appliance.serving.analyze import Analysis, FrameAnalysis, ModelInfo
+from appliance.serving.analyze import AdmitFrames, Analysis, FrameAnalysis, ModelInfo
 
 __all__ = ["Analysis", "FakeAnalyzer", "FakeCall", "FrameAnalysis", "ModelInfo"]
 
@@ -169,7 +169,7 @@ class FakeAnalyzer:
         pipeline: str = "",
         priority: Priority = Priority.BATCH,
         time_remaining: float | None = None,
-        admit_frames: Callable[[int], Awaitable[None]] | None = None,
+        admit_frames: AdmitFrames | None = None,
         wait_for_budget: bool = False,
         source: str = "",
         counted: bool = True,
@@ -185,8 +185,8 @@ class FakeAnalyzer:
         self._check_call(time_remaining)
         loop = asyncio.get_running_loop()
         uid, frames, lossy = await loop.run_in_executor(self._decode_thread, self._decode, dicom)
-        if admit_frames is not None:
-            await admit_frames(len(frames))
+        if admit_frames is not None and (admitted := await admit_frames(len(frames))) is not None:
+            admitted()  # this fake admits at once
         t_pre = time.perf_counter()
         left = None if time_remaining is None else time_remaining - (t_pre - t0)
         results = await self._run_rows(list(frames), priority, left)

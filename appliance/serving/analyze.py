@@ -40,8 +40,8 @@ from appliance.pipeline.postprocess import Postprocessor
 from appliance.serving.admission import ByteBudget, Senders
 from appliance.workers.pool import Job, WorkerPool
 
-__all__ = ["BATCH_SHARE", "DEADLINE_SLACK_S", "Analysis", "Analyzer", "FrameAnalysis", "ModelInfo", "PathLimits",
-           "RequestPath"]
+__all__ = ["BATCH_SHARE", "DEADLINE_SLACK_S", "AdmitFrames", "Analysis", "Analyzer", "FrameAnalysis", "ModelInfo",
+           "PathLimits", "RequestPath"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Analyzer(Protocol):
 
     async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
                       priority: Priority = Priority.BATCH, time_remaining: float | None = None,
-                      admit_frames: Callable[[int], Awaitable[None]] | None = None, wait_for_budget: bool = False,
+                      admit_frames: AdmitFrames | None = None, wait_for_budget: bool = False,
                       source: str = "", counted: bool = True) -> Analysis:
         """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns.
 
@@ -125,6 +125,11 @@ class Analyzer(Protocol):
         """Count a request whose files were analyzed uncounted (its final gRPC code name; its seconds if OK)."""
         ...
 
+
+#: A stream's (or a multi-file OIP request's) admission hook: awaited with a parsed file's frame count before its
+#: slots are reserved; what it returns, if anything, is called once the file is admitted (or refused), which lets the
+#: next file of the window go to a worker (``server.FrameShare``).
+AdmitFrames = Callable[[int], Awaitable[Callable[[], None] | None]]
 
 #: The share of the requests-waiting-for-a-worker bound that BATCH requests may fill; the rest is INTERACTIVE's.
 BATCH_SHARE = 0.75
@@ -220,7 +225,7 @@ class RequestPath:
         pipeline: str = "",
         priority: Priority = Priority.BATCH,
         time_remaining: float | None = None,
-        admit_frames: Callable[[int], Awaitable[None]] | None = None,
+        admit_frames: AdmitFrames | None = None,
         wait_for_budget: bool = False,
         source: str = "",
         counted: bool = True,
@@ -247,7 +252,7 @@ class RequestPath:
         pipeline: str,
         priority: Priority,
         time_remaining: float | None,
-        admit_frames: Callable[[int], Awaitable[None]] | None,
+        admit_frames: AdmitFrames | None,
         wait_for_budget: bool,
         source: str,
     ) -> Analysis:
@@ -431,21 +436,25 @@ class RequestPath:
         job: Job,
         n_frames: int,
         sop_uid: str,
-        admit_frames: Callable[[int], Awaitable[None]],
+        admit_frames: AdmitFrames,
     ) -> list[WorkItem]:
         """A stream's file: wait on the event loop for the stream's frame window, then admit; bounded wait."""
 
         async def admit() -> list[WorkItem]:
-            await admit_frames(n_frames)
-            # a stream waits for room in the inbox too, as it waits for its window: ten 64-frame files on one stream
-            # beside light unary clients had 3 items refused "inbox full: 1 of 64 slots in use" (session 18 review)
-            cap = self.batcher.config.queue_capacity
-            while (n_frames <= cap and cap - self.batcher.statistics().depth < n_frames  # larger: refused at once
-                   and self.clock.monotonic() < (job.request.deadline or math.inf)):
-                self._check_admitting()
-                await asyncio.sleep(0.01)
-            # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
-            return self._admit(job, n_frames, sop_uid, keep_free=0)
+            admitted = await admit_frames(n_frames)
+            try:
+                # a stream waits for room in the inbox too, as it waits for its window: ten 64-frame files on one
+                # stream beside light unary clients had 3 items refused "inbox full: 1 of 64 slots in use" (session 18)
+                cap = self.batcher.config.queue_capacity
+                while (n_frames <= cap and cap - self.batcher.statistics().depth < n_frames  # larger: refused now
+                       and self.clock.monotonic() < (job.request.deadline or math.inf)):
+                    self._check_admitting()
+                    await asyncio.sleep(0.01)
+                # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
+                return self._admit(job, n_frames, sop_uid, keep_free=0)
+            finally:
+                if admitted is not None:
+                    admitted()  # only now may the next file of its window go to a worker
 
         future = asyncio.run_coroutine_threadsafe(admit(), loop)
         deadline = job.request.deadline

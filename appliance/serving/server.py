@@ -103,11 +103,12 @@ class FrameShare:
         self.gated = False
 
     async def enter(self, time_remaining: float | None) -> None:
-        """Wait for the window's gate before the file goes to a worker; it is given back once the file is admitted.
+        """Wait for the window's gate before the file goes to a worker; given back once it is admitted, or done.
 
-        A file learns its frame count only once a worker has parsed it, and then waits for the window holding that
-        worker. Ungated, a stream of 33-frame files parked both workers and another client's single slices waited
-        897 ms (p50) instead of 144 (held-out review, session 18); gated, a window parks one worker at most.
+        Admitted: the callable :meth:`take` returns is called; done: :meth:`close`. A file learns its frame count only
+        once a worker has parsed it, and then waits for the window (and for room in the inbox) holding that worker.
+        Ungated, a stream of 33-frame files parked both workers and another client's single slices waited 457 ms (p50)
+        instead of 38 (held-out review, session 18); gated, a window parks one worker at most.
         """
         try:
             await asyncio.wait_for(self.window.gate.acquire(), time_remaining)
@@ -120,16 +121,22 @@ class FrameShare:
             self.gated = False
             self.window.gate.release()
 
-    async def take(self, frames: int) -> None:
-        """Wait for ``frames`` of the window (the request path's ``admit_frames``)."""
+    async def take(self, frames: int) -> Callable[[], None]:
+        """Wait for ``frames`` of the window (the request path's ``admit_frames``); return what to call once admitted.
+
+        The gate stays held until then: the file may still wait in its worker for room in the inbox.
+        """
         try:
             n = await self.window.acquire(frames)
-        finally:
-            self._ungate()  # admitted (or gone): the next file may go to a worker
+        except BaseException:
+            self._ungate()
+            raise
         if self.closed:
+            self._ungate()
             await self.window.release(n)
             raise Unavailable("the stream item ended while it waited for the stream's window", reason="CANCELLED")
         self.held += n
+        return self._ungate
 
     async def close(self) -> None:
         """The item is done: give back what it holds."""

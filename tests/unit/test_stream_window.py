@@ -47,7 +47,8 @@ def test_an_item_gives_back_what_it_holds_once() -> None:
 def test_one_file_of_a_window_at_a_time_goes_to_a_worker_before_admission() -> None:
     """Held-out review, session 18: a file learns its frame count in a worker, then waits for the window holding that
     worker; a stream of 33-frame files parked both workers. The gate lets one file at a time go to a worker until it
-    is admitted (take) or done (close), so a window parks one worker at most."""
+    is admitted (what take returns is called: it may still wait in its worker for room in the inbox after take) or
+    done (close), so a window parks one worker at most."""
     from appliance.errors import DeadlineExceeded
 
     async def scenario() -> None:
@@ -59,7 +60,10 @@ def test_one_file_of_a_window_at_a_time_goes_to_a_worker_before_admission() -> N
         assert not entering.done()  # the first file has not been admitted yet
         with pytest.raises(DeadlineExceeded, match="waited for its turn"):
             await third.enter(0.01)
-        await first.take(4)  # admitted: the next file may go to a worker (the window itself is full)
+        admitted = await first.take(4)  # its window frames; it may still wait for room in the inbox
+        await asyncio.sleep(0)
+        assert not entering.done()  # not admitted yet: the gate is still the first file's
+        admitted()  # admitted: the next file may go to a worker (the window itself is full)
         await asyncio.wait_for(entering, 1.0)
         waiting = asyncio.create_task(second.take(4))  # parked until the first is done, holding the gate
         await asyncio.sleep(0)

@@ -27,7 +27,7 @@ from pydicom.uid import RE_VALID_UID
 
 from appliance.errors import ConfigError, InputError
 
-__all__ = ["MAX_REQUEST_ID", "hash_uid", "is_uid", "load_uid_key", "redact_foreign", "reply_uid", "set_uid_key",
+__all__ = ["MAX_REQUEST_ID", "clip", "hash_uid", "is_uid", "load_uid_key", "redact_foreign", "reply_uid", "set_uid_key",
            "uid_key", "validate_request_id"]
 
 MAX_REQUEST_ID = 64
@@ -110,6 +110,15 @@ def redact_foreign(text: str) -> str:
     log: the appliance's own errors name the tag, never its value.
     """
     return _NAME_OR_ID.sub("<value>", _QUOTED.sub("<value>", text))
+
+
+def clip(text: str, limit: int = 64) -> str:
+    """A client-supplied name as an error message may echo it: at most ``limit`` characters, then its length.
+
+    gRPC refuses trailing metadata over 16 KB, so a 20 KB model name echoed whole turned NOT_FOUND into a
+    RESOURCE_EXHAUSTED "metadata size exceeds hard limit", which clients read as overload (session 18).
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def is_uid(value: str) -> bool:

@@ -27,7 +27,6 @@ __all__ = ["BATCH_AGING_S", "BURST_LOAD", "FEW_ARRIVALS", "Decision", "Ready", "
 
 #: Expected arrivals within ``max_wait`` below which a partial batch with nothing coming does not wait.
 FEW_ARRIVALS = 0.1
-
 #: Seconds a decoded frame may wait for the engine before its class no longer matters, only its age: INTERACTIVE frames
 #: still go first, but a BATCH frame is not passed over for ever (it also holds an inbox slot while it waits).
 BATCH_AGING_S = 1.0

@@ -37,6 +37,7 @@ from appliance.errors import (
     UnknownPipeline,
 )
 from appliance.pipeline.postprocess import Postprocessor
+from appliance.privacy import clip
 from appliance.serving.admission import ByteBudget, Senders
 from appliance.workers.pool import Job, WorkerPool
 
@@ -260,8 +261,8 @@ class RequestPath:
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         name = pipeline or self.default_pipeline
         if name not in self.pipelines:
-            shown = name if len(name) <= 64 else f"{name[:64]}... ({len(name)} characters)"  # never echoed whole
-            raise UnknownPipeline(f"unknown pipeline {shown!r}; loaded: {sorted(self.pipelines)}", field="pipeline")
+            raise UnknownPipeline(f"unknown pipeline {clip(name)!r}; loaded: {sorted(self.pipelines)}",
+                                  field="pipeline")
         if len(dicom) > self.limits.max_message_bytes:
             raise Overloaded(
                 f"request of {len(dicom)} bytes exceeds server.max_message_bytes = {self.limits.max_message_bytes}",

@@ -49,6 +49,7 @@ __all__ = [
     "enable_reflection",
     "reflection_enabled",
     "runtime_dir",
+    "socket_gid",
     "socket_path",
     "validate_listeners",
 ]
@@ -316,7 +317,8 @@ def prepare_socket_dir(directory: Path, key: str = "server.listen") -> Path:
     return directory
 
 
-def _socket_gid(group: str) -> int:
+def socket_gid(group: str) -> int:
+    """The gid of ``server.socket_group`` (-1: none configured); ConfigError naming the key if no such group."""
     if not group:
         return -1
     try:
@@ -332,7 +334,7 @@ def _bind_unix(server: grpc.aio.Server, address: Address, group: str) -> str:
         raise ConfigError(f"config key server.listen: {path} exists and is not a socket")
     if path.exists():
         _refuse_live_socket(path)
-    gid = _socket_gid(group)
+    gid = socket_gid(group)
     old = os.umask(0o117)  # the socket is born 0660: no window in which others may connect
     try:
         port = server.add_insecure_port(f"unix:{path}")

@@ -37,7 +37,7 @@ from grpc_status import rpc_status
 from appliance import __version__
 from appliance.batching.work import Priority
 from appliance.errors import ApplianceError, InputError, LimitExceeded, Overloaded, UnknownModel
-from appliance.privacy import MAX_REQUEST_ID, validate_request_id
+from appliance.privacy import MAX_REQUEST_ID, clip, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
 from appliance.serving.server import FrameShare, FrameWindow, error_status, loggable_id
@@ -82,15 +82,6 @@ def deserialize_bytes(blob: bytes, where: str = "input", limit: int | None = Non
         items.append(bytes(view[offset : offset + n]))
         offset += n
     return items
-
-
-def _clip(text: str, limit: int = 64) -> str:
-    """A client-supplied name as error messages may echo it: at most ``limit`` characters, then its length.
-
-    gRPC refuses trailing metadata over 16 KB, so a 20 KB model name echoed whole turned NOT_FOUND into a
-    RESOURCE_EXHAUSTED "metadata size exceeds hard limit", which clients read as overload (session 18).
-    """
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 _JOURNAL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -479,9 +470,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         the line is there before the client can see the answer.
         """
         if name not in self._stats:
-            why = f"Request for unknown model: '{_clip(name)}' is not found (served: {', '.join(self._stats)})"
+            why = f"Request for unknown model: '{clip(name)}' is not found (served: {', '.join(self._stats)})"
         elif version not in ("", self.analyzer.model.version):
-            why = (f"Request for unknown model: '{name}' version {_clip(version)} is not found "
+            why = (f"Request for unknown model: '{name}' version {clip(version)} is not found "
                    f"(served: {self.analyzer.model.version})")
         else:
             return name
@@ -497,7 +488,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         request: oip.ModelInferRequest, expected: str
     ) -> tuple[oip.ModelInferRequest.InferInputTensor, bytes | None]:
         if len(request.inputs) != 1 or request.inputs[0].name != expected:
-            got = [_clip(t.name) for t in request.inputs[:4]] + ([f"... {len(request.inputs)} in all"]
+            got = [clip(t.name) for t in request.inputs[:4]] + ([f"... {len(request.inputs)} in all"]
                                                                    if len(request.inputs) > 4 else [])
             raise InputError(f"expected exactly one input named {expected!r}, got {got}", field="inputs")
         if request.raw_input_contents and len(request.raw_input_contents) != 1:
@@ -562,9 +553,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         known, seen = set(names), set()
         for w in wanted:
             if w not in known:
-                raise InputError(f"unexpected inference output {_clip(w)!r} for model {view!r}", field="outputs")
+                raise InputError(f"unexpected inference output {clip(w)!r} for model {view!r}", field="outputs")
             if w in seen:
-                raise InputError(f"inference output {_clip(w)!r} is requested more than once", field="outputs")
+                raise InputError(f"inference output {clip(w)!r} is requested more than once", field="outputs")
             seen.add(w)
         return wanted
 

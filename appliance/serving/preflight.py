@@ -67,10 +67,7 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None) -> None:
     if directory is not None:
         check_writable_dir(directory, "engine.cache_dir", cfg.engine.min_free_bytes)
     load_uid_key(cfg.logging.uid_key_file)
-    if cfg.server.socket_group and any(a.startswith("unix:") for a in cfg.server.listen):
-        import grp
+    if any(a.startswith("unix:") for a in cfg.server.listen):
+        from appliance.serving.listen import socket_gid
 
-        try:  # checked again where the socket is bound; here so that `doctor --config` sees it too (session 18)
-            grp.getgrnam(cfg.server.socket_group)
-        except KeyError:
-            raise ConfigError(f"config key server.socket_group: no group named {cfg.server.socket_group!r}") from None
+        socket_gid(cfg.server.socket_group)  # checked where the socket is bound; here too for `doctor --config`

@@ -15,7 +15,9 @@ Design (``docs/thermal.md``):
 - A PI law computes a power *budget* ``I + Kp·e`` (e = setpoint − reading), with a gentler gain
   below the setpoint than above it, and converts it to duty through a feed-forward model
   ``duty = (budget − P_idle) / W_per_duty``. ``W_per_duty`` is learned online from measured power
-  and the achieved busy fraction; without power readings the nameplate model is used.
+  and the achieved busy fraction; without power readings the nameplate model is used. The power comes from
+  :mod:`appliance.thermal.boardpower` (energy counter, else a power reading blended toward the duty model as far
+  as it scatters).
 - Anti-windup by conditional integration: the integrator only rises while the batcher actually used
   its allowance (``busy ≥ duty − slack``) and the output is not saturated. Below the switch-on
   temperature the integrator is *frozen*, never reset, so a burst after idle starts at the learned
@@ -54,6 +56,7 @@ import itertools
 import math
 from collections import deque
 
+from appliance.thermal.boardpower import BoardPower
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
 from appliance.thermal.plausible import FallBound, ReadingVote
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
@@ -79,9 +82,8 @@ _GUARD_HOT_WINDOW = 4
 _GUARD_HOT_MEAN_C = 0.5
 
 
-# An energy counter that has not moved for this long is not read as "not updated yet": power falls back to NVML's
-# power reading or the duty model (a counter stuck for good must not hold the last rate forever).
-_ENERGY_STALE_S = 10.0
+#: How far each power sample moves the learned watts per duty (a 20-sample memory).
+_LEARN_RATE = 0.05
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
 #: Why a plausible reading was rejected as a glitch (not a failed read, an out-of-range value or a stuck verdict).
@@ -114,9 +116,7 @@ class Governor:
         self._blind_cause = ""
         # (since, duty, ramp start or None) while a stuck verdict holds
         self._stuck: tuple[float, float, float | None] | None = None
-        self._last_energy: tuple[float, float] | None = None  # (time, counter) of the counter's last move
-        self._energy_w: float | None = None  # the rate of that move, W
-        self._power_measured = False  # whether the last sample's power came from NVML (not the duty model)
+        self._board = BoardPower(c.p_idle_w)  # energy counter, else power reading, else the duty model
         self._frozen = FrozenDetector(FrozenSettings(
             c.die_rise_c, c.nameplate_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
@@ -194,10 +194,11 @@ class Governor:
         if self._state is GovernorState.STOPPED or (error is not None and error in _ERROR_KINDS_LOST):
             return self._decide(now_s, 0.0, None, GovernorState.STOPPED, f"gpu {error or 'lost'}", None, None)
 
-        power = self._power(now_s, power_w, energy_j, busy)
+        power, measured = self._board.sample(now_s, dt, power_w, energy_j, self._duty if busy is None else busy,
+                                             self._w_per_duty)
         self._advance_lead(now_s, power, dt)
-        if busy is not None and (power_w is not None or energy_j is not None):
-            self._learn_model(power, busy)
+        if busy is not None and measured is not None:
+            self._learn_model(measured, busy)
         temp, why = self._validate(now_s, temp_c, error)
         if temp is not None:
             used = self._duty if busy is None else busy
@@ -239,34 +240,6 @@ class Governor:
         return (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w)
 
     # ------------------------------------------------------------- sampling
-    def _power(self, now_s: float, power_w: float | None, energy_j: float | None, busy: float | None) -> float:
-        """The board power over the last period, W: from the energy counter, else NVML's power, else the duty.
-
-        A counter that did not move since the last read has not been updated yet (a GPU never draws 0 W): its last
-        rate stands, and the next move is spread over the whole time since the one before. Taken read by read, a
-        counter that updates every 3 s gave 0, 0 and 3P; the zeros were dropped from learning and the 3P kept, so
-        the learned watts per duty came out 2.6-2.9 times too high, the die models shrank by that factor and a
-        frozen sensor was caught 380 s late, the die at 75-77 °C meanwhile (held-out review, session 18).
-        """
-        c = self.config
-        power: float | None = None
-        if energy_j is not None and math.isfinite(energy_j):
-            last = self._last_energy
-            if last is None or energy_j < last[1]:  # the first read, or the counter was reset
-                self._last_energy = (now_s, energy_j)
-            elif energy_j > last[1] and now_s > last[0]:
-                power = self._energy_w = (energy_j - last[1]) / (now_s - last[0])
-                self._last_energy = (now_s, energy_j)
-            elif now_s - last[0] <= _ENERGY_STALE_S:  # not updated yet: its last rate stands
-                power = self._energy_w
-        if power is None and power_w is not None and math.isfinite(power_w) and power_w >= 0:
-            power = power_w
-        self._power_measured = power is not None
-        if power is None:
-            used = self._duty if busy is None else busy
-            power = c.p_idle_w + max(0.0, min(used, 1.0)) * self._w_per_duty
-        return power
-
     def _advance_lead(self, now_s: float, power: float, dt: float) -> None:
         # the die model as low-passed power, W; _model_c turns a change of it into °C at the learned full power
         c = self.config
@@ -328,7 +301,10 @@ class Governor:
         if busy >= 0.3:
             sample = (power - self.config.p_idle_w) / busy
             if sample > 0.1 * self.config.p_max_w:
-                self._w_per_duty += 0.05 * (sample - self._w_per_duty)
+                # a scattered power reading is learned from more slowly: at the full rate, ±30 % noise walked the
+                # learned watts ±10 % within 20 s, and the delay compensation with them (docs/thermal.md)
+                rate = _LEARN_RATE * max(self._board.trust, 0.1)
+                self._w_per_duty += rate * (sample - self._w_per_duty)
 
     def _validate(self, now_s: float, temp_c: float | None, error: str | None) -> tuple[float | None, str]:
         c = self.config
@@ -500,7 +476,7 @@ class Governor:
             used = 1.0 if busy is None else busy
             # a start already at the setpoint with no power measured yet (a restart on a hot GPU) assumes the blind
             # duty, not full power: from full power a restart at 74 °C into full demand passed 75 °C (session 14)
-            guessed = not self._power_measured and temp >= c.setpoint_c
+            guessed = not self._board.measured and temp >= c.setpoint_c
             base = power if used >= 0.5 and not guessed else c.p_idle_w + c.blind_duty * w
             self._integral = min(max(base - kp * e_p, p_lo), p_hi)
         di = gain(e) / c.ti_s * e * dt

@@ -38,6 +38,10 @@ __all__ = ["Batcher", "BatcherConfig", "BatchObserver", "Pacer", "QueueStats"]
 
 log = logging.getLogger(__name__)
 
+#: Batches whose fastest engine time is the floor a deadline refusal uses (inbox.Inbox.expected_wait_s): enough
+#: to keep an idle batch (the ONNX Runtime engine bursts on idle cores) through a few seconds of slower ones.
+_FLOOR_BATCHES = 128
+
 #: One submitted batch: the engine's ticket, its frames, and when it was submitted.
 InFlight = tuple[object, list[WorkItem], float, float]  # ticket, items, t0, pacer charge
 
@@ -72,6 +76,7 @@ class Batcher(Inbox):
         self.batches = 0
         self._running: list[WorkItem] = []  # the batches on the engine now (engine thread only)
         self._in_flight: collections.deque[InFlight] = collections.deque()
+        self._batch_times: collections.deque[float] = collections.deque(maxlen=_FLOOR_BATCHES)  # engine s, newest last
         self._collected: collections.deque[WorkItem] = collections.deque()  # computed, not yet answered
         self._idle_since = self.clock.monotonic()  # when the last batch in flight was collected
         # Whether no DICOM is being preprocessed right now (the app wires the worker pool's ``idle``): one input of
@@ -124,6 +129,9 @@ class Batcher(Inbox):
         t0 = self.clock.monotonic()
         self.engine.warmup(runs)
         self.batch_s_estimate = max(1e-4, (self.clock.monotonic() - t0) / max(runs, 1))
+        # the deadline floor waits for real batches: these run while the preprocessing workers start (65 ms a batch
+        # where 35-40 ms followed), and refused 50 ms deadlines on an idle box that answered in 40-48 ms
+        self.batch_s_floor = 0.0
 
     def _choose(self, now: float) -> tuple[list[WorkItem] | None, float]:
         """Return (items to launch now, or None) and how long to wait otherwise. Called under the lock."""
@@ -271,6 +279,8 @@ class Batcher(Inbox):
         self.heartbeat = self.clock.monotonic()
         self.pacer.consume(engine_s, charge)
         self.batch_s_estimate = 0.8 * self.batch_s_estimate + 0.2 * engine_s
+        self._batch_times.append(engine_s)
+        self.batch_s_floor = min(self._batch_times)
         self.batches += 1
         n = len(items)
         self.observer.on_batch(n, self.batch_size, engine_s)

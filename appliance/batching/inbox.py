@@ -129,6 +129,7 @@ class Inbox:
         self.parsing: Callable[[], int] = lambda: 0
         self.dead: EngineDeadError | None = None
         self.batch_s_estimate = 0.05  # EMA of engine seconds per batch (seeded by warm-up)
+        self.batch_s_floor = 0.0  # the fastest of the last batches, 0 until one ran: deadline refusals
         self._peak = 0
         self._rejected = 0
         self._unfinished = 0  # admitted frames not yet finished (running ones included)
@@ -151,13 +152,19 @@ class Inbox:
             depth = self.config.queue_capacity - len(self._free)
             return QueueStats(depth, self.config.queue_capacity, self._peak, len(self._ready), self._rejected)
 
-    def expected_wait_s(self, extra_items: int = 0) -> float:
-        """Estimate seconds until ``extra_items`` more frames would be computed, at the current duty."""
+    def expected_wait_s(self, extra_items: int = 0, *, fastest: bool = False) -> float:
+        """Estimate seconds until ``extra_items`` more frames would be computed, at the current duty.
+
+        ``fastest`` takes each batch at the fastest recent batch time instead of the running mean: what a deadline
+        refusal needs, since refusing a request that would have made it is the worse mistake. The mean, taken while
+        the preprocessing workers shared the cores, refused 50 ms deadlines on an idle box that answered in 40-48 ms
+        (held-out review, session 18).
+        """
         with self._cond:
             depth = self.config.queue_capacity - len(self._free)
         batches = math.ceil((depth + extra_items) / self.batch_size)
         duty = max(self.pacer.duty, 0.05)
-        return batches * self.batch_s_estimate / duty
+        return batches * (self.batch_s_floor if fastest else self.batch_s_estimate) / duty
 
     def reserve(self, request: Request, *, keep_free: int = 0) -> None:
         """Admit a request: reserve one slot per frame. Its frames then wait for a worker (ADMITTED).
@@ -179,7 +186,7 @@ class Inbox:
             )
         now = self.clock.monotonic()
         if request.deadline is not None:
-            wait = self.expected_wait_s(n)
+            wait = self.expected_wait_s(n, fastest=True)
             if now + wait > request.deadline:
                 self._reject("DEADLINE_UNMEETABLE")
                 raise Overloaded(

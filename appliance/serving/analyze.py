@@ -283,7 +283,8 @@ class RequestPath:
                     return self._admit_stream(loop, job, n_frames, sop_uid, admit_frames)
 
                 job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
-                await self._queue_room(deadline, wait=wait_for_budget, share=share, priority=priority)
+                await self._queue_room(deadline, wait=wait_for_budget, share=share, priority=priority,
+                                       source=source)
                 self.pool.submit(job)
                 await self._wait(done, request, job)
         return self._analysis(request, t0)
@@ -340,7 +341,7 @@ class RequestPath:
         return cap - int(cap * self._senders.share(source, counted=True))
 
     async def _queue_room(self, deadline: float, *, wait: bool, share: float = 1.0,
-                          priority: Priority = Priority.INTERACTIVE) -> None:
+                          priority: Priority = Priority.INTERACTIVE, source: str = "") -> None:
         """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker.
 
         BATCH requests get ``BATCH_SHARE`` of the bound: the rest is kept for INTERACTIVE ones, which a BATCH backlog
@@ -377,6 +378,34 @@ class RequestPath:
             if self.clock.monotonic() >= deadline:
                 raise DeadlineExceeded("deadline passed while waiting for a preprocessing worker")
             await asyncio.sleep(0.005)
+        if not wait:  # a stream's items wait for room; its deadline is the whole stream's
+            self._refuse_unmeetable(deadline, priority, source)
+
+    def _refuse_unmeetable(self, deadline: float, priority: Priority, source: str) -> None:
+        """Refuse at once (DEADLINE_UNMEETABLE) a request whose deadline is too near even at the fastest pace.
+
+        Every job ahead of it for a worker, its own preprocessing and its batch are taken at the fastest recent
+        pace: refusing a request that would have made it is the worse mistake. The inbox's own test comes only
+        after a worker has taken the file: behind a BATCH backlog, deadlines of 50-200 ms waited for a worker and
+        ended DEADLINE_EXCEEDED at the deadline (held-out review, session 18).
+        """
+        frame_s = self.batcher.preprocess_s_estimate
+        if frame_s <= 0.0:  # nothing measured yet
+            return
+        ahead = self.pool.ahead(priority, source)
+        workers = max(self.pool.workers, 1)
+        # a lower bound: its turn at a worker and its own frame, then one batch; and the inbox ahead of it
+        batch_s = self.batcher.batch_s_floor / max(self.batcher.pacer.duty, 0.05)
+        wait = max((ahead + workers) * frame_s / workers + batch_s, self.batcher.expected_wait_s(1, fastest=True))
+        left = deadline - self.clock.monotonic()
+        if wait > left:
+            self.batcher.count_rejection("DEADLINE_UNMEETABLE")
+            raise Overloaded(
+                f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms ({ahead} requests ahead for a "
+                f"preprocessing worker) exceeds the {max(0.0, left) * 1000:.0f} ms left",
+                retry_after_s=wait,
+                reason="DEADLINE_UNMEETABLE",
+            )
 
     @contextlib.contextmanager
     def _counted(self, t0: float, time_remaining: float | None = None) -> Iterator[None]:

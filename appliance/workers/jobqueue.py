@@ -82,6 +82,22 @@ class JobQueue(Generic[J]):
         self._count -= 1
         return job
 
+    def ahead(self, priority: Priority, source: str) -> int:
+        """At least how many queued jobs a new job of ``priority`` from ``source`` would wait behind (a lower bound).
+
+        Within its class its own source's queued jobs go first, and every other source takes at least as many turns
+        (one, for a new source); the classes share turns as :meth:`pop` gives them. Jobs queued later may still
+        overtake it (a higher class, a source earlier in turn).
+        """
+        sources = self._classes[priority]
+        own = len(sources.get(source, ()))
+        mine = own + sum(min(len(jobs), max(own, 1)) for s, jobs in sources.items() if s != source)
+        first = min(self._classes)
+        others = sum(len(jobs) for p, srcs in self._classes.items() if p != priority for jobs in srcs.values())
+        if priority == first:  # a BATCH job gets a turn after INTERACTIVE_RUN in a row (the run so far counts)
+            return mine + min(others, (mine + self._run) // INTERACTIVE_RUN)
+        return mine + min(others, INTERACTIVE_RUN - self._run + INTERACTIVE_RUN * mine)
+
     def remove(self, job: J) -> bool:
         """Drop ``job`` if it is queued; True if it was."""
         sources = self._classes[job.priority]

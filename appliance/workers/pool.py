@@ -132,6 +132,14 @@ class WorkerPool(WorkerProcesses):
         """Jobs queued or being parsed (approximate, lock-free: the launch policy reads it often)."""
         return len(self._queue) + sum(1 for j in list(self._busy) if not j.request.items)
 
+    def ahead(self, priority: Priority, source: str) -> int:
+        """At least how many jobs a new job of ``priority`` from ``source`` would wait behind for a worker.
+
+        Those queued before it (:meth:`JobQueue.ahead`) and those being parsed now (approximate, lock-free).
+        """
+        parsing = sum(1 for j in list(self._busy) if not j.request.items)
+        return parsing + self._queue.ahead(priority, source)
+
     def idle(self) -> bool:
         """True when no worker is parsing or decoding and no job waits for one.
 

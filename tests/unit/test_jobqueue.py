@@ -100,3 +100,29 @@ def test_every_job_comes_out_once_priority_first_and_in_order_per_sender(jobs) -
         waiting = {s: seq.count(s) for s in set(seq)}
         turns = min(waiting.values(), default=0)
         assert all(len(set(seq[k * len(waiting):(k + 1) * len(waiting)])) == len(waiting) for k in range(turns))
+
+
+def test_ahead_counts_the_jobs_a_new_one_waits_behind() -> None:
+    q: JobQueue[J] = JobQueue()
+    for k in range(6):
+        q.push(J(f"b{k}", "flood", Priority.BATCH))
+    q.push(J("i0", "x", Priority.INTERACTIVE))
+    q.push(J("i1", "y", Priority.INTERACTIVE))
+    assert q.ahead(Priority.INTERACTIVE, "z") == 2  # the two INTERACTIVE senders; BATCH's turn comes after four
+    assert q.ahead(Priority.BATCH, "flood") == 6 + 2  # its own six, and the INTERACTIVE jobs take their turns too
+    assert q.ahead(Priority.BATCH, "other") == 1 + 2  # a new sender waits for one turn of the flood's
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(list(Priority))), max_size=30),
+       st.integers(0, 10), st.sampled_from("abcd"), st.sampled_from(list(Priority)))
+def test_ahead_never_counts_more_jobs_than_really_go_first(jobs, pops, source, priority) -> None:
+    """A lower bound: the deadline refusal built on it must never refuse a request that would have made it."""
+    q: JobQueue[J] = JobQueue()
+    for i, (s, p) in enumerate(jobs):
+        q.push(J(f"{s}{i}", s, p))
+    for _ in range(pops):  # some taken already: the turn order and the class run are mid-way
+        q.pop()
+    ahead = q.ahead(priority, source)
+    new = J("new", source, priority)
+    q.push(new)
+    assert ahead <= q.drain().index(new)

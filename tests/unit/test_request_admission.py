@@ -241,3 +241,27 @@ def test_batch_requests_leave_room_at_the_workers_for_interactive_ones(fake_mani
         await path._queue_room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.INTERACTIVE)  # admitted
 
     asyncio.run(scenario())
+
+
+def test_a_deadline_too_near_for_the_requests_ahead_at_the_workers_is_refused_at_once(fake_manifest: Any) -> None:
+    """Held-out review, session 18: the deadline was judged only once a worker had taken the file, against the
+    inbox alone; behind a BATCH backlog, deadlines of 50-200 ms waited for a worker and ended DEADLINE_EXCEEDED."""
+    path = _path(fake_manifest)
+    path.pool.ahead = lambda priority, source: 40  # type: ignore[method-assign]
+    path.batcher.preprocess_s_estimate = 0.02  # 20 ms a file, 1 worker: 0.82 s before its own frame is done
+    path.batcher.batch_s_floor = 0.03
+    now = path.clock.monotonic()
+
+    async def refused(deadline_in: float) -> Overloaded:
+        with pytest.raises(Overloaded) as e:
+            await path._queue_room(now + deadline_in, wait=False, priority=Priority.BATCH, source="a")
+        return e.value
+
+    error = asyncio.run(refused(0.5))
+    assert error.reason == "DEADLINE_UNMEETABLE" and "40 requests ahead" in str(error)
+    assert error.retry_after_s is not None and error.retry_after_s >= 0.85
+    assert path.batcher.statistics().rejected == 1
+    asyncio.run(path._queue_room(now + 1.0, wait=False, priority=Priority.BATCH, source="a"))  # 0.85 s: it may
+    path.pool.ahead = lambda priority, source: 0  # type: ignore[method-assign]
+    asyncio.run(path._queue_room(now + 0.06, wait=False, source="a"))  # idle: 20 ms + 30 ms
+    asyncio.run(path._queue_room(now + 0.04, wait=True, source="a"))  # a stream's item waits for room instead

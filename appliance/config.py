@@ -294,11 +294,15 @@ def _engine_options(raw: Any, backend: str) -> EngineOptionsSchema:
 def _validate(cfg: Config) -> None:
     from appliance.serving.listen import validate_listeners
 
-    validate_listeners(cfg)
-    for key, value in (("engine.cache_dir", cfg.engine.cache_dir), ("logging.uid_key_file", cfg.logging.uid_key_file)):
-        if value and not Path(value).is_absolute():  # created if missing: relative to what the service ran in (/)
+    paths = (("model.models_dir", cfg.model.models_dir), ("model.pipelines_dir", cfg.model.pipelines_dir),
+             ("engine.cache_dir", cfg.engine.cache_dir), ("logging.uid_key_file", cfg.logging.uid_key_file),
+             ("tls.cert_file", cfg.tls.cert_file), ("tls.key_file", cfg.tls.key_file),
+             ("tls.client_ca_file", cfg.tls.client_ca_file))
+    for key, value in paths:
+        if value and not Path(value).is_absolute():  # relative to what the service ran in (/ under systemd)
             raise ConfigError(f"config key {key}: must be an absolute path, got {value!r} (a relative path would "
                               "resolve against the service's working directory, / under systemd)")
+    validate_listeners(cfg)
     if cfg.server.inflight_bytes < cfg.server.max_message_bytes:
         raise ConfigError(f"config key server.inflight_bytes: must be >= server.max_message_bytes "
                           f"({cfg.server.max_message_bytes}), got {cfg.server.inflight_bytes}")

@@ -90,6 +90,13 @@ class Address:
         return f"{host}:{self.port if port is None else port}"
 
 
+#: gRPC address schemes a listen key does not take, with why where it matters.
+_OTHER_SCHEMES = {
+    "unix-abstract": " (an abstract socket has no file mode, so any local user could connect)",
+    "dns": "", "ipv4": "", "ipv6": "", "vsock": "",
+}
+
+
 def parse_address(text: str, key: str) -> Address:
     """Parse ``host:port`` (port 1..65535; 0 = any free port, for tests), ``[v6]:port`` or ``unix:PATH``."""
     if not isinstance(text, str) or not text.strip():
@@ -101,6 +108,10 @@ def parse_address(text: str, key: str) -> Address:
         if not path or "\0" in path or path.endswith("/"):
             raise ConfigError(f"config key {key}: {text!r} is not a usable unix socket path")
         return Address(text, "unix", path=path)
+    scheme = text.partition(":")[0]
+    if scheme in _OTHER_SCHEMES:
+        raise ConfigError(f"config key {key}: {text!r}: gRPC's {scheme}: addresses are not served here; use host:port "
+                          f"or unix:PATH{_OTHER_SCHEMES[scheme]}")
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
         raise ConfigError(f"config key {key}: {text!r} is not host:port or unix:PATH")
@@ -173,12 +184,15 @@ def validate_listeners(cfg: Config) -> None:
 
 def _validate_tls(cfg: Config, has_tls_listeners: bool) -> None:
     tls = cfg.tls
-    if has_tls_listeners or tls.cert_file or tls.key_file:
+    given = [f"tls.{key}" for key in ("cert_file", "key_file", "client_ca_file") if getattr(tls, key)]
+    if not has_tls_listeners and given:
+        verb = "is" if len(given) == 1 else "are"
+        raise ConfigError(f"config key tls.listen is empty but {' and '.join(given)} {verb} set: name the TLS "
+                          "addresses in tls.listen, or remove the TLS files")
+    if has_tls_listeners:
         for key in ("cert_file", "key_file"):
             if not getattr(tls, key):
                 raise ConfigError(f"config key tls.{key} is required when tls.listen is set")
-        if not has_tls_listeners:
-            raise ConfigError("config key tls.listen is empty but tls.cert_file is set: name the TLS addresses")
         CertificateFiles(tls).load()  # readable, PEM, key matches certificate, CA loads
     if cfg.access.analyze_subjects or cfg.access.status_subjects:
         if not tls.client_ca_file:

@@ -16,14 +16,14 @@ from typing import Any
 from appliance.batching.batcher import Batcher, Pacer
 from appliance.clock import Clock
 from appliance.config import ThermalSection
-from appliance.errors import ConfigError, Unavailable
+from appliance.errors import BackendUnavailable, ConfigError, Unavailable
 from appliance.governor import Governor
 from appliance.serving.health import HealthState, ServiceState
 from appliance.serving.metrics import Metrics
 from appliance.thermal.control import HealthAction, ThermalController, health_action
 from appliance.thermal.source import make_thermometer
 
-__all__ = ["ThermalLoop", "build_thermal"]
+__all__ = ["ThermalLoop", "build_thermal", "nvml_missing"]
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engin
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key thermal.sim: {e}") from e
     if section.sensor == "nvml" and not thermometer.available:  # asked for by name: not a quiet CPU-box default
-        log.warning("thermal.sensor = \"nvml\" but NVML has no reading: %s; %s", thermometer.why_unavailable,
-                    "the engine is paced at the blind duty" if gpu_engine else "no temperature is watched")
+        thermometer.close()
+        raise BackendUnavailable(nvml_missing(thermometer.why_unavailable))
     return ThermalController(
         thermometer,
         Governor(section.governor),
@@ -49,6 +49,16 @@ def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engin
         busy_source=busy,
         require_sensor=gpu_engine and section.sensor != "none",
     )
+
+
+def nvml_missing(why: str) -> str:
+    """What a daemon (and doctor) says when ``thermal.sensor = "nvml"`` finds no NVML reading.
+
+    Exit 1, not 78: a driver that is not loaded yet may be there at the next start. Until session 19 it was a
+    WARNING and the daemon reported SERVING with no temperature watched (held-out review, session 18).
+    """
+    return (f"config key thermal.sensor = \"nvml\" but NVML has no reading: {why}; on a box without an NVIDIA GPU "
+            "use \"auto\" or \"none\"")
 
 
 class ThermalLoop:

@@ -198,13 +198,16 @@ def check_model(config: Any) -> tuple[list[Check], Any]:
     return checks, manifest
 
 
-def check_thermometer() -> Check:
-    """Which thermometer "auto" finds."""
+def check_thermometer(sensor: str = "auto") -> Check:
+    """Which thermometer "auto" finds; with ``thermal.sensor = "nvml"``, a failure when NVML has no reading."""
+    from appliance.serving.thermal_loop import nvml_missing
     from appliance.thermal.source import make_thermometer
 
     therm = make_thermometer("auto")
     try:
         if not therm.available:
+            if sensor == "nvml":  # serve refuses to start (exit 1)
+                return Check("thermometer", False, nvml_missing(therm.why_unavailable))
             return Check("thermometer", True, f"none ({therm.why_unavailable}): governor disabled")
         reading = therm.read()
         return Check("thermometer", reading.error is None, f"{therm.name}: {reading.temp_c} °C, {reading.power_w} W")
@@ -292,7 +295,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     checks += model_checks
     if manifest is not None:
         checks.append(check_pipelines(config, manifest))
-    checks.append(check_thermometer())
+    checks.append(check_thermometer(config.thermal.sensor))
     no_gpu = False
     if args.gpu:
         from appliance.tools.doctor_gpu import check_gpu

@@ -156,10 +156,11 @@ def _run(cfg: Path, notify: FakeNotifySocket, prefix: list[str] | None = None) -
     )
 
 
-def _assert_refused(result: subprocess.CompletedProcess, notify: FakeNotifySocket, needle: str) -> None:
+def _assert_refused(result: subprocess.CompletedProcess, notify: FakeNotifySocket, needle: str,
+                    code: int = EX_CONFIG) -> None:
     """Exit 78; the only line above INFO is the refusal, and it is the last; no traceback; no READY=1."""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == EX_CONFIG, result.stderr
+    assert result.returncode == code, result.stderr
     assert lines, result.stderr
     assert all(" INFO " in line for line in lines[:-1]), result.stderr
     assert "CRITICAL appliance: cannot start" in lines[-1] and needle in lines[-1], lines[-1]
@@ -193,3 +194,21 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
         result = _run(cfg, notify, prefix)
     _assert_refused(result, notify, str(cfg))
     assert "not readable" in result.stderr
+
+
+def test_nvml_by_name_without_a_reading_exits_1_with_one_line(tmp_path: Path) -> None:
+    """Held-out review, session 18: ``thermal.sensor = "nvml"`` on a box without NVML logged a WARNING and served
+    with no temperature watched. Exit 1, not 78: a GPU driver that is not loaded yet may be there at the restart."""
+    from appliance.thermal.nvml import NvmlThermometer
+
+    probe = NvmlThermometer()
+    try:
+        if probe.available:
+            pytest.skip("NVML answers on this machine")
+    finally:
+        probe.close()
+    cfg = tmp_path / "appliance.toml"
+    cfg.write_text(_with("thermal", 'sensor = "nvml"')(tmp_path))
+    with FakeNotifySocket() as notify:
+        result = _run(cfg, notify)
+    _assert_refused(result, notify, 'config key thermal.sensor = "nvml" but NVML has no reading', code=1)

@@ -327,13 +327,11 @@ def test_build_thermal_uses_the_typed_sim_table(tmp_path: Path) -> None:
     assert controller.governor.config == cfg.thermal.governor
 
 
-@pytest.mark.parametrize(("sensor", "gpu", "warned"), [
-    ("nvml", False, "no temperature is watched"), ("nvml", True, "paced at the blind duty"),
-    ("auto", True, "thermal governor blind"), ("auto", False, None)])
-def test_a_missing_sensor_is_a_warning_when_it_was_asked_for_or_a_gpu_needs_it(
-        sensor: str, gpu: bool, warned: str | None, caplog) -> None:
-    """Ops review, session 14: thermal.sensor = "nvml" without NVML, or a GPU engine without a sensor, logged
-    INFO only. On a CPU box with "auto", no sensor is expected and stays INFO."""
+@pytest.mark.parametrize(("sensor", "gpu", "warned"), [("auto", True, "thermal governor blind"), ("auto", False, None)])
+def test_a_missing_sensor_is_a_warning_when_a_gpu_needs_it(sensor: str, gpu: bool, warned: str | None,
+                                                           caplog) -> None:
+    """Ops review, session 14: a GPU engine without a sensor logged INFO only. On a CPU box with "auto", no sensor
+    is expected and stays INFO."""
     from appliance.clock import ManualClock
     from appliance.serving.app import build_thermal
     from appliance.thermal.fake_pynvml import FakePynvml
@@ -348,6 +346,22 @@ def test_a_missing_sensor_is_a_warning_when_it_was_asked_for_or_a_gpu_needs_it(
         assert not warnings and "thermal governor disabled" in caplog.text
     else:
         assert any(warned in w for w in warnings), caplog.text
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_nvml_asked_for_by_name_without_a_reading_refuses_to_start(gpu: bool) -> None:
+    """Held-out review, session 18: ``thermal.sensor = "nvml"`` with no NVML was a WARNING, and the daemon reported
+    SERVING with no temperature watched. Now it does not start (exit 1: a driver may load before the next start)."""
+    from appliance.clock import ManualClock
+    from appliance.errors import BackendUnavailable
+    from appliance.serving.app import build_thermal
+    from appliance.thermal.fake_pynvml import FakePynvml
+
+    cfg = load_config(None, {"thermal": {"sensor": "nvml"}})
+    with mock.patch("appliance.thermal.nvml.pynvml", FakePynvml(device_count=0)), \
+            pytest.raises(BackendUnavailable, match='config key thermal.sensor = "nvml" but NVML has no reading: .*'
+                                                    'on a box without an NVIDIA GPU use "auto" or "none"'):
+        build_thermal(cfg.thermal, ManualClock(), lambda: 0.0, gpu_engine=gpu)
 
 
 def test_config_is_frozen() -> None:

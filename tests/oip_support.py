@@ -16,7 +16,7 @@ import grpc
 from appliance.engines.fake import FakeEngine
 from appliance.fakes.analyzer import FakeAnalyzer
 from appliance.manifest import load_manifest
-from appliance.serving import oip
+from appliance.serving import oip, oip_wire
 
 
 class LoopbackOip:
@@ -60,5 +60,5 @@ def dicom_infer_request(files: list[bytes], request_id: str = "") -> Any:
 
     request = pb.ModelInferRequest(model_name="ct-nodule-dicom", id=request_id)
     request.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
-    request.raw_input_contents.append(oip.serialize_bytes(files))
+    request.raw_input_contents.append(oip_wire.serialize_bytes(files))
     return request

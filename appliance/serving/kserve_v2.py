@@ -13,7 +13,7 @@ import numpy as np
 
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.oip import serialize_bytes as encode_bytes_tensor
+from appliance.serving.oip_wire import serialize_bytes as encode_bytes_tensor
 
 __all__ = ["KServeV2", "encode_bytes_tensor"]
 

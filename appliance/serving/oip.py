@@ -23,10 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import struct
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -40,12 +37,21 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded, Overload
 from appliance.privacy import MAX_REQUEST_ID, clip, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+from appliance.serving.oip_wire import (
+    ViewStats,
+    deserialize_bytes,
+    refuse_extensions,
+    schedule,
+    single_input,
+    wanted_outputs,
+)
+from appliance.serving.oip_wire import response as make_response
 from appliance.serving.server import FrameShare, FrameWindow, error_status, loggable_id
 
 if TYPE_CHECKING:
     from appliance.serving.analyze import Analysis, Analyzer
 
-__all__ = ["DICOM_SUFFIX", "SERVICE_NAME", "OipServicer", "add_to_server", "deserialize_bytes", "serialize_bytes"]
+__all__ = ["DICOM_SUFFIX", "SERVICE_NAME", "OipServicer", "add_to_server"]
 
 log = logging.getLogger(__name__)
 
@@ -57,33 +63,6 @@ PLATFORM = "edge-appliance"
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # for reflection
 
 
-def serialize_bytes(items: Sequence[bytes]) -> bytes:
-    """Encode BYTES elements for raw contents: each as a 4-byte little-endian length, then the bytes."""
-    return b"".join(struct.pack("<I", len(x)) + x for x in items)
-
-
-def deserialize_bytes(blob: bytes, where: str = "input", limit: int | None = None) -> list[bytes]:
-    """Decode raw BYTES contents (see :func:`serialize_bytes`); InputError if a length runs past the end.
-
-    With ``limit``, InputError as soon as there are more elements than that (16 million empty elements took the
-    event loop 6 s to decode before their count was compared with the shape).
-    """
-    items: list[bytes] = []
-    offset, view = 0, memoryview(blob)
-    while offset < len(view):
-        if limit is not None and len(items) >= limit:
-            raise InputError(f"{where}: more BYTES elements than the {limit} its shape declares", field=where)
-        if offset + 4 > len(view):
-            raise InputError(f"{where}: truncated BYTES element length at offset {offset}", field=where)
-        (n,) = struct.unpack_from("<I", view, offset)
-        offset += 4
-        if offset + n > len(view):
-            raise InputError(f"{where}: BYTES element of {n} bytes runs past the end of the tensor", field=where)
-        items.append(bytes(view[offset : offset + n]))
-        offset += n
-    return items
-
-
 _JOURNAL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
@@ -93,35 +72,6 @@ def _journal_name(name: str) -> str:
     The journal line is ``ModelInfer <view> <id> <code>``: a name with spaces could forge the rest of it.
     """
     return name if _JOURNAL_NAME.fullmatch(name) else "-"
-
-
-@dataclass
-class _Stats:
-    """Cumulative per-view statistics in Triton's shape (durations in ns)."""
-
-    inference_count: int = 0
-    execution_count: int = 0
-    success: tuple[int, int] = (0, 0)
-    fail: tuple[int, int] = (0, 0)
-    queue: tuple[int, int] = (0, 0)
-    compute_input: tuple[int, int] = (0, 0)
-    compute_infer: tuple[int, int] = (0, 0)
-    last_inference_ms: int = 0
-
-    @staticmethod
-    def add(pair: tuple[int, int], seconds: float) -> tuple[int, int]:
-        return pair[0] + 1, pair[1] + int(seconds * 1e9)
-
-    def merge(self, done: _Stats) -> None:
-        """Add one successful request's counts and durations (Triton counts successful requests only)."""
-        self.inference_count += done.inference_count
-        for name in ("queue", "compute_input", "compute_infer"):
-            mine, theirs = getattr(self, name), getattr(done, name)
-            setattr(self, name, (mine[0] + theirs[0], mine[1] + theirs[1]))
-
-
-def _duration(pair: tuple[int, int]) -> oip.StatisticDuration:
-    return oip.StatisticDuration(count=pair[0], ns=pair[1])
 
 
 class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
@@ -138,7 +88,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         # frames the files of one multi-file request may have admitted at once, as for one AnalyzeStream: a file
         # waits for its siblings' frames instead of being refused by them
         self.frame_window = frame_window
-        self._stats = {self.tensor_view: _Stats(), self.dicom_view: _Stats()}
+        self._stats = {self.tensor_view: ViewStats(), self.dicom_view: ViewStats()}
         self._next_id = 0
 
     @property
@@ -226,24 +176,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         """Cumulative per-view counts and durations since start (empty name: every view)."""
         names = list(self._stats) if not request.name else [await self._view(request.name, request.version, context)]
         response = oip.ModelStatisticsResponse()
-        for name in names:
-            s = self._stats[name]
-            response.model_stats.append(
-                oip.ModelStatistics(
-                    name=name,
-                    version=self.analyzer.model.version,
-                    last_inference=s.last_inference_ms,
-                    inference_count=s.inference_count,
-                    execution_count=s.execution_count,
-                    inference_stats=oip.InferStatistics(
-                        success=_duration(s.success),
-                        fail=_duration(s.fail),
-                        queue=_duration(s.queue),
-                        compute_input=_duration(s.compute_input),
-                        compute_infer=_duration(s.compute_infer),
-                    ),
-                )
-            )
+        response.model_stats.extend(self._stats[name].message(name, self.analyzer.model.version) for name in names)
         return response
 
     # ---- inference --------------------------------------------------------------------------------------
@@ -253,7 +186,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         t0 = time.perf_counter()
         view = await self._view(request.model_name, request.model_version, context, journal=(request.id, t0))
         stats = self._stats[view]
-        scratch = _Stats()  # this request's counts: merged into the view's only if it succeeds
+        scratch = ViewStats()  # this request's counts: merged into the view's only if it succeeds
         self._next_id += 1
         request_id = request.id or f"oip-{self._next_id}"
         try:
@@ -261,26 +194,26 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 validate_request_id(request.id)
             except InputError as e:
                 raise InputError(f"id: {e}", field="id") from None
-            priority, time_remaining = self._schedule(request, context)
+            priority, time_remaining = schedule(request, context)
             if len(request.outputs) > len(self._output_names(view)):  # some repeated: refused before any is read
                 raise InputError(f"{len(request.outputs)} outputs requested; model {view!r} has "
                                  f"{len(self._output_names(view))}, each may be requested once", field="outputs")
-            _refuse_extensions(request, view, self.dicom_view)  # before computing anything
-            wanted = self._wanted(request, view, self._output_names(view))
+            refuse_extensions(request, view, self.dicom_view)  # before computing anything
+            wanted = wanted_outputs(request, view, self._output_names(view))
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch,
                                                           context.peer())
             else:
                 names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch,
                                                          context.peer())
-            response = self._response(request, view, wanted, names, tensors)
+            response = make_response(request, view, self.analyzer.model.version, wanted, names, tensors)
         except asyncio.CancelledError:  # the client went away: journalled, then cancelled as gRPC asks
             self._journal(view, request_id, "CANCELLED", t0)
             if view == self.dicom_view:
                 self.analyzer.count_finished("CANCELLED", None)
             raise
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
-            stats.fail = _Stats.add(stats.fail, time.perf_counter() - t0)
+            stats.fail = ViewStats.add(stats.fail, time.perf_counter() - t0)
             status = self._status(e, view)
             if isinstance(e, ApplianceError):
                 self.analyzer.count_refused(e)  # refused here, or by an uncounted file: counted once, here
@@ -289,7 +222,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             self._journal(view, request_id, e.code.name if isinstance(e, ApplianceError) else "INTERNAL", t0)
         else:
             stats.merge(scratch)
-            stats.success = _Stats.add(stats.success, time.perf_counter() - t0)
+            stats.success = ViewStats.add(stats.success, time.perf_counter() - t0)
             stats.execution_count += 1
             stats.last_inference_ms = int(time.time() * 1000)
             if view == self.dicom_view:  # its files ran uncounted: the request is counted once
@@ -305,11 +238,11 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         request_id: str,
         priority: Priority,
         time_remaining: float | None,
-        stats: _Stats,
+        stats: ViewStats,
         source: str,
     ) -> tuple[list[str], list[np.ndarray]]:
         model = self.analyzer.model
-        tensor, raw = self._single_input(request, model.input_name)
+        tensor, raw = single_input(request, model.input_name)
         if tensor.datatype != "FP32":
             raise InputError(f"input {tensor.name!r} must be FP32, got {tensor.datatype}", field=tensor.name)
         shape = tuple(tensor.shape)
@@ -355,7 +288,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                                    "model's pipeline produces", field=tensor.name)
                 error.counted = True  # the request path already counted this request (as OK: the engine ran)
                 raise error
-        stats.compute_infer = _Stats.add(stats.compute_infer, time.perf_counter() - t_in)
+        stats.compute_infer = ViewStats.add(stats.compute_infer, time.perf_counter() - t_in)
         stats.inference_count += n
         names = self._output_names(self.tensor_view)
         return names, [np.stack([row[name] for row in rows]).astype(np.float32, copy=False) for name in names]
@@ -366,7 +299,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         request_id: str,
         priority: Priority,
         time_remaining: float | None,
-        stats: _Stats,
+        stats: ViewStats,
         source: str,
     ) -> tuple[list[str], list[np.ndarray]]:
         files = self._dicom_files(request)
@@ -409,9 +342,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         frames = [(i, f) for i, a in enumerate(analyses) for f in a.frames]
         stats.inference_count += len(frames)
         for a in analyses:
-            stats.queue = _Stats.add(stats.queue, a.queue_ms / 1e3)
-            stats.compute_input = _Stats.add(stats.compute_input, a.preprocess_ms / 1e3)
-            stats.compute_infer = _Stats.add(stats.compute_infer, a.engine_ms / 1e3)
+            stats.queue = ViewStats.add(stats.queue, a.queue_ms / 1e3)
+            stats.compute_input = ViewStats.add(stats.compute_input, a.preprocess_ms / 1e3)
+            stats.compute_infer = ViewStats.add(stats.compute_infer, a.engine_ms / 1e3)
         names = self._output_names(self.dicom_view)
         tensors = [
             np.stack([f.outputs[name] for _, f in frames]).astype(np.float32, copy=False).reshape(len(frames), *shape)
@@ -426,7 +359,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     def _dicom_files(self, request: oip.ModelInferRequest) -> list[bytes]:
         """The DICOM view's files, checked against the shape and the limits before more than that is read."""
-        tensor, raw = self._single_input(request, "dicom")
+        tensor, raw = single_input(request, "dicom")
         if tensor.datatype != "BYTES":
             raise InputError(f"input 'dicom' must be BYTES, got {tensor.datatype}", field="dicom")
         if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
@@ -483,82 +416,6 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         await context.abort_with_status(rpc_status.to_status(error_status(error)))
         raise AssertionError("unreachable: abort_with_status raises")
 
-    @staticmethod
-    def _single_input(
-        request: oip.ModelInferRequest, expected: str
-    ) -> tuple[oip.ModelInferRequest.InferInputTensor, bytes | None]:
-        if len(request.inputs) != 1 or request.inputs[0].name != expected:
-            got = [clip(t.name) for t in request.inputs[:4]] + ([f"... {len(request.inputs)} in all"]
-                                                                   if len(request.inputs) > 4 else [])
-            raise InputError(f"expected exactly one input named {expected!r}, got {got}", field="inputs")
-        if request.raw_input_contents and len(request.raw_input_contents) != 1:
-            raise InputError(
-                f"{len(request.raw_input_contents)} raw_input_contents for 1 input", field="raw_input_contents"
-            )
-        raw = request.raw_input_contents[0] if request.raw_input_contents else None
-        if raw is not None and request.inputs[0].contents.ListFields():
-            raise InputError(f"input {expected!r} has both raw_input_contents and typed contents; send one",
-                             field=expected)
-        return request.inputs[0], raw
-
-    @staticmethod
-    def _schedule(request: oip.ModelInferRequest, context: Any) -> tuple[Priority, float | None]:
-        """Triton's ``priority`` (1 = highest) and ``timeout`` (µs), combined with the gRPC deadline."""
-        values: dict[str, int] = {}
-        for key in ("priority", "timeout"):
-            if key not in request.parameters:
-                continue
-            param = request.parameters[key]
-            kind = param.WhichOneof("parameter_choice")
-            if kind not in ("int64_param", "uint64_param"):
-                raise InputError(f"parameter {key!r} must be an integer (int64 or uint64)", field=f"parameters.{key}")
-            values[key] = int(getattr(param, kind))
-            if values[key] < 0:
-                raise InputError(f"parameter {key!r} must be >= 0, got {values[key]}", field=f"parameters.{key}")
-        priority = Priority.INTERACTIVE if values.get("priority") == 1 else Priority.BATCH
-        remaining: float | None = context.time_remaining()
-        if values.get("timeout"):
-            timeout = values["timeout"] / 1e6
-            remaining = timeout if remaining is None else min(remaining, timeout)
-        return priority, remaining
-
-    def _response(
-        self, request: oip.ModelInferRequest, view: str, wanted: list[str], names: list[str],
-        tensors: list[np.ndarray],
-    ) -> oip.ModelInferResponse:
-        response = oip.ModelInferResponse(model_name=view, model_version=self.analyzer.model.version, id=request.id)
-        by_name = dict(zip(names, tensors, strict=True))
-        for name in wanted:
-            array = by_name[name]
-            if array.dtype == object:
-                datatype, raw = "BYTES", serialize_bytes(list(array))
-            else:
-                datatype = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32",
-                            np.dtype(np.bool_): "BOOL"}[array.dtype]  # BOOL: one byte per element
-                raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-            response.outputs.append(
-                oip.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=array.shape)
-            )
-            response.raw_output_contents.append(raw)
-        return response
-
-    @staticmethod
-    def _wanted(request: oip.ModelInferRequest, view: str, names: list[str]) -> list[str]:
-        """The requested outputs (all when none are named); unknown or repeated names are refused.
-
-        Linear in the request (a 1.7 MB request naming one output 50,000 times held the event loop for 26 s while
-        ``list.count`` looked for repeats, session 18).
-        """
-        wanted = [o.name for o in request.outputs] or names
-        known, seen = set(names), set()
-        for w in wanted:
-            if w not in known:
-                raise InputError(f"unexpected inference output {clip(w)!r} for model {view!r}", field="outputs")
-            if w in seen:
-                raise InputError(f"inference output {clip(w)!r} is requested more than once", field="outputs")
-            seen.add(w)
-        return wanted
-
     def _output_names(self, view: str) -> list[str]:
         names = [name for name, _ in self.analyzer.model.outputs]
         return names if view == self.tensor_view else [*names, "label", "score", "file_index", "frame_index", "lossy"]
@@ -579,40 +436,6 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         return status_pb2.Status(
             code=grpc.StatusCode.INTERNAL.value[0], message=f"internal error: {type(error).__name__}"
         )
-
-
-_SHARED_MEMORY_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-
-
-_SEQUENCE_KEYS = ("sequence_id", "sequence_start", "sequence_end")
-
-
-def _refuse_extensions(request: oip.ModelInferRequest, view: str, dicom_view: str) -> None:
-    """Refuse parameters of extensions not offered, and ``pipeline`` where it has no meaning.
-
-    Ignoring them would answer in a form the client did not ask for: raw contents instead of its shared-memory
-    region, scores instead of ``value:index`` strings, a stateless answer to a sequence the client believes is kept
-    (Triton refuses sequence parameters on a model without sequence batching), an unchanged tensor for a pipeline
-    it asked for. ServerMetadata lists none of these extensions.
-    """
-    for key in _SEQUENCE_KEYS:
-        if key in request.parameters:
-            raise InputError(f"parameter {key!r}: model {view!r} has no sequence batching (the sequence extension "
-                             "is not offered); send each request on its own", field=f"parameters.{key}")
-    if "pipeline" in request.parameters and view != dicom_view:
-        raise InputError(f"parameter 'pipeline' picks how DICOM is preprocessed; model {view!r} takes tensors that "
-                         f"are already preprocessed (send DICOM to {dicom_view!r})", field="parameters.pipeline")
-    for tensor in request.inputs:
-        if any(key in tensor.parameters for key in _SHARED_MEMORY_KEYS):
-            raise InputError(f"input {tensor.name!r} is sent in a shared-memory region: this server does not offer "
-                             "the shared-memory extension; send it in raw_input_contents", field=tensor.name)
-    for out in request.outputs:
-        if any(key in out.parameters for key in _SHARED_MEMORY_KEYS):
-            raise InputError(f"output {out.name!r} is requested in a shared-memory region: this server does not "
-                             "offer the shared-memory extension; it answers in raw_output_contents", field="outputs")
-        if "classification" in out.parameters:
-            raise InputError(f"output {out.name!r} is requested as a classification: this server does not offer "
-                             "the classification extension; request the tensor itself", field="outputs")
 
 
 def add_to_server(server: grpc.aio.Server, analyzer: Analyzer, *, max_files: int = 64,

@@ -14,7 +14,7 @@ from appliance.batching.work import Priority
 from appliance.errors import InputError, Overloaded, Unavailable
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.oip import deserialize_bytes, serialize_bytes
+from appliance.serving.oip_wire import deserialize_bytes, serialize_bytes
 from appliance.tools import synthetic
 from tests.oip_support import LoopbackOip
 
@@ -411,7 +411,8 @@ def test_an_input_that_overflows_the_model_is_an_error_not_nan_with_ok(served) -
     """Held-out review: one pixel at 3e38 (finite) gave prob = NaN with status OK."""
     import asyncio
 
-    from appliance.serving.oip import OipServicer, _Stats
+    from appliance.serving.oip import OipServicer
+    from appliance.serving.oip_wire import ViewStats
 
     class Overflowing:  # the served analyzer, but its model overflows on this input like the real one did
         model = served.analyzer.model
@@ -424,6 +425,6 @@ def test_an_input_that_overflows_the_model_is_an_error_not_nan_with_ok(served) -
     servicer = OipServicer(Overflowing())  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"row 0: the model's outputs are not finite for this input \(largest "
                                          r"magnitude 3e\+38\)") as e:
-        asyncio.run(servicer._infer_tensor(tensor_request(x), "t-1", Priority.BATCH, None, _Stats(), "test"))
+        asyncio.run(servicer._infer_tensor(tensor_request(x), "t-1", Priority.BATCH, None, ViewStats(), "test"))
     assert e.value.field == "image"
     assert e.value.counted  # the request path counted it already: OIP must not count it a second time (session 14)

@@ -17,7 +17,7 @@ from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.serving.oip import serialize_bytes
+from appliance.serving.oip_wire import serialize_bytes
 from appliance.tools import synthetic
 from tests.support import RunningApp, fake_config
 from tests.tls_testkit import Issued, issue, make_ca

@@ -40,7 +40,7 @@ from appliance.errors import (
     Overloaded,
     Unavailable,
 )
-from appliance.serving.analyze import AdmitFrames, Analysis, FrameAnalysis, ModelInfo
+from appliance.serving.analysis import AdmitFrames, Analysis, FrameAnalysis, ModelInfo
 
 __all__ = ["Analysis", "FakeAnalyzer", "FakeCall", "FrameAnalysis", "ModelInfo"]
 

@@ -6,9 +6,10 @@
     thread -> postprocess -> :class:`Analysis`
 
 Every gRPC servicer (``appliance.v1``, the Open Inference Protocol) only translates protobuf to and from this
-module, through the small :class:`Analyzer` protocol. Every admitted request is answered: with its result, or
-with an :class:`~appliance.errors.ApplianceError` (deadline, queue full, draining, a decoder that crashed), never
-left waiting. On shutdown :meth:`RequestPath.fail_all` answers whatever is left UNAVAILABLE.
+module, through the small :class:`~appliance.serving.analysis.Analyzer` protocol. Every admitted request is
+answered: with its result, or with an :class:`~appliance.errors.ApplianceError` (deadline, queue full, draining, a
+decoder that crashed), never left waiting. On shutdown :meth:`RequestPath.fail_all` answers whatever is left
+UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import contextlib
 import math
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -38,102 +38,12 @@ from appliance.errors import (
 )
 from appliance.pipeline.postprocess import Postprocessor
 from appliance.privacy import clip
-from appliance.serving.admission import ByteBudget, Senders
+from appliance.serving.admission import ByteBudget, Senders, WorkerGate
+from appliance.serving.analysis import AdmitFrames, Analysis, FrameAnalysis, ModelInfo
 from appliance.workers.pool import Job, WorkerPool
 
-__all__ = ["BATCH_SHARE", "DEADLINE_SLACK_S", "AdmitFrames", "Analysis", "Analyzer", "FrameAnalysis", "ModelInfo",
-           "PathLimits", "RequestPath"]
+__all__ = ["DEADLINE_SLACK_S", "PathLimits", "RequestPath"]
 
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The served model, as clients see it."""
-
-    name: str
-    version: str
-    precision: str
-    backend: str  # what actually runs, e.g. "onnxruntime:CPUExecutionProvider"
-    batch_size: int  # fixed B
-    input_name: str
-    item_shape: tuple[int, ...]  # one item, float32
-    outputs: tuple[tuple[str, tuple[int, ...]], ...]  # (name, per-item shape), float32
-
-
-@dataclass(frozen=True)
-class FrameAnalysis:
-    """One frame's result."""
-
-    frame_index: int
-    outputs: dict[str, np.ndarray]  # this frame's row of every engine output
-    label: str  # top finding
-    scores: dict[str, float]  # label -> probability
-    location: tuple[float, float, float] | None  # (row, col, score) in original-frame pixels
-    lossy: bool = False  # the pixels went through lossy compression (FrameInfo.lossy)
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """One instance's result and where its time went."""
-
-    request_id: str
-    sop_instance_uid: str  # never log it raw
-    pipeline: str
-    frames: tuple[FrameAnalysis, ...]
-    queue_ms: float  # longest wait of a ready frame for its batch
-    preprocess_ms: float  # decode + preprocess, all frames
-    engine_ms: float  # the slowest batch that carried a frame
-    total_ms: float
-
-
-class Analyzer(Protocol):
-    """What a protocol front end needs from the appliance (a fake can stand in for it in tests)."""
-
-    @property
-    def model(self) -> ModelInfo:
-        """The served model."""
-        ...
-
-    def is_live(self) -> bool:
-        """False only when the daemon is terminally broken (engine dead, GPU lost)."""
-        ...
-
-    def is_ready(self) -> bool:
-        """True while new work is admitted."""
-        ...
-
-    async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
-                      priority: Priority = Priority.BATCH, time_remaining: float | None = None,
-                      admit_frames: AdmitFrames | None = None, wait_for_budget: bool = False,
-                      source: str = "", counted: bool = True) -> Analysis:
-        """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns.
-
-        ``admit_frames`` (a stream's, or the files of one OIP request) is awaited with the file's frame count before
-        its slots are reserved, and ``wait_for_budget`` waits for the in-flight byte budget instead of refusing.
-        ``counted=False``: the caller counts the request it belongs to (:meth:`count_finished`), not this file.
-        """
-        ...
-
-    async def infer(self, inputs: np.ndarray, *, request_id: str = "", priority: Priority = Priority.BATCH,
-                    time_remaining: float | None = None, source: str = "") -> list[dict[str, np.ndarray]]:
-        """Run already preprocessed float32 inputs ``[N, *item_shape]``; one dict of outputs per row."""
-        ...
-
-    def count_refused(self, error: ApplianceError) -> None:
-        """Count a request a protocol front end refused itself (before analyze or infer), for the metrics."""
-        ...
-
-    def count_finished(self, code: str, seconds: float | None) -> None:
-        """Count a request whose files were analyzed uncounted (its final gRPC code name; its seconds if OK)."""
-        ...
-
-
-#: A stream's (or a multi-file OIP request's) admission hook: awaited with a parsed file's frame count before its
-#: slots are reserved; what it returns, if anything, is called once the file is admitted (or refused), which lets the
-#: next file of the window go to a worker (``server.FrameShare``).
-AdmitFrames = Callable[[int], Awaitable[Callable[[], None] | None]]
-
-#: The share of the requests-waiting-for-a-worker bound that BATCH requests may fill; the rest is INTERACTIVE's.
-BATCH_SHARE = 0.75
 
 #: A cancel this close to the client's deadline (or past it) is the deadline's, not the client's (clocks and timers
 #: of gRPC and this path differ by milliseconds).
@@ -183,6 +93,7 @@ class RequestPath:
         self._on_finished = on_finished  # (final gRPC code name, total seconds if OK): metrics, any protocol
         self._budget = ByteBudget(limits.inflight_bytes)
         self._senders = Senders(clock)  # requests in flight per sender: who gets the whole of a shared bound
+        self._gate = WorkerGate(pool, batcher, clock, limits.max_unadmitted, lambda: self._check_admitting())
         self._waiting: set[asyncio.Future[Request]] = set()  # every unanswered request, for fail_all
         # calls inside analyze/infer, including those still waiting for queue room, the byte budget or a frame
         # window (not yet in _waiting): a drain waits for them too, or the server's stop cancels them
@@ -283,8 +194,8 @@ class RequestPath:
                     return self._admit_stream(loop, job, n_frames, sop_uid, admit_frames)
 
                 job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
-                await self._queue_room(deadline, wait=wait_for_budget, share=share, priority=priority,
-                                       source=source)
+                await self._gate.room(deadline, wait=wait_for_budget, share=share, priority=priority,
+                                      source=source)
                 self.pool.submit(job)
                 await self._wait(done, request, job)
         return self._analysis(request, t0)
@@ -339,73 +250,6 @@ class RequestPath:
         """Inbox slots a request of ``source`` (counted in flight) must leave free: the other senders' reserve."""
         cap = self.batcher.config.queue_capacity
         return cap - int(cap * self._senders.share(source, counted=True))
-
-    async def _queue_room(self, deadline: float, *, wait: bool, share: float = 1.0,
-                          priority: Priority = Priority.INTERACTIVE, source: str = "") -> None:
-        """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker.
-
-        BATCH requests get ``BATCH_SHARE`` of the bound: the rest is kept for INTERACTIVE ones, which a BATCH backlog
-        otherwise refused QUEUE_FULL (9 of 20 behind 70 BATCH calls on one connection; held-out review, session 18).
-        """
-        sender_share = share
-        if priority is Priority.BATCH:
-            share *= BATCH_SHARE
-        bound = max(1, int(self.limits.max_unadmitted * share))
-        while (waiting := self.pool.unadmitted()) >= bound:
-            self._check_admitting()  # a drain began while it waited: UNAVAILABLE now, not CANCELLED at the end
-            if not wait:
-                # SENDER_SHARE when it is the sender's share that is used up; the whole bound or BATCH's: QUEUE_FULL
-                sender_bound = int(self.limits.max_unadmitted * sender_share)
-                reason = "SENDER_SHARE" if sender_bound <= waiting < self.limits.max_unadmitted else "QUEUE_FULL"
-                self.batcher.count_rejection(reason)
-                parts = []
-                if sender_share < 1.0:
-                    parts.append(f"{sender_share:.0%} of it for a sender that already has requests in flight; the rest "
-                                 "is kept for other senders")
-                if priority is Priority.BATCH:
-                    parts.append(f"{BATCH_SHARE:.0%} of that for BATCH requests; the rest is kept for INTERACTIVE ones")
-                part = f", {'; '.join(parts)}" if parts else ""
-                # the advised retry covers the requests waiting for the workers, not only the inbox: 40-46 ms was
-                # advised where 0.7 s was needed behind 80 flooding connections, and retries came as a storm
-                # (held-out review, session 18)
-                ahead_s = waiting * self.batcher.preprocess_s_estimate / max(self.pool.workers, 1)
-                raise Overloaded(
-                    f"{waiting} requests already wait for a preprocessing worker (bound {bound}: config key "
-                    f"batcher.queue_capacity = {self.limits.max_unadmitted}{part})",
-                    retry_after_s=self.batcher.expected_wait_s() + ahead_s,
-                    reason=reason,
-                )
-            if self.clock.monotonic() >= deadline:
-                raise DeadlineExceeded("deadline passed while waiting for a preprocessing worker")
-            await asyncio.sleep(0.005)
-        if not wait:  # a stream's items wait for room; its deadline is the whole stream's
-            self._refuse_unmeetable(deadline, priority, source)
-
-    def _refuse_unmeetable(self, deadline: float, priority: Priority, source: str) -> None:
-        """Refuse at once (DEADLINE_UNMEETABLE) a request whose deadline is too near even at the fastest pace.
-
-        Every job ahead of it for a worker, its own preprocessing and its batch are taken at the fastest recent
-        pace: refusing a request that would have made it is the worse mistake. The inbox's own test comes only
-        after a worker has taken the file: behind a BATCH backlog, deadlines of 50-200 ms waited for a worker and
-        ended DEADLINE_EXCEEDED at the deadline (held-out review, session 18).
-        """
-        frame_s = self.batcher.preprocess_s_estimate
-        if frame_s <= 0.0:  # nothing measured yet
-            return
-        ahead = self.pool.ahead(priority, source)
-        workers = max(self.pool.workers, 1)
-        # a lower bound: its turn at a worker and its own frame, then one batch; and the inbox ahead of it
-        batch_s = self.batcher.batch_s_floor / max(self.batcher.pacer.duty, 0.05)
-        wait = max((ahead + workers) * frame_s / workers + batch_s, self.batcher.expected_wait_s(1, fastest=True))
-        left = deadline - self.clock.monotonic()
-        if wait > left:
-            self.batcher.count_rejection("DEADLINE_UNMEETABLE")
-            raise Overloaded(
-                f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms ({ahead} requests ahead for a "
-                f"preprocessing worker) exceeds the {max(0.0, left) * 1000:.0f} ms left",
-                retry_after_s=wait,
-                reason="DEADLINE_UNMEETABLE",
-            )
 
     @contextlib.contextmanager
     def _counted(self, t0: float, time_remaining: float | None = None) -> Iterator[None]:

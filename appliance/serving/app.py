@@ -37,7 +37,8 @@ from appliance.pipeline.preprocess import Pipeline
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.serving import access, listen, oip
-from appliance.serving.analyze import ModelInfo, PathLimits, RequestPath
+from appliance.serving.analysis import ModelInfo
+from appliance.serving.analyze import PathLimits, RequestPath
 from appliance.serving.health import HealthState, ServiceState
 from appliance.serving.liveness import Stage, StageProgress, stalled
 from appliance.serving.metrics import Metrics

@@ -49,7 +49,7 @@ from appliance.serving.oip_wire import response as make_response
 from appliance.serving.server import FrameShare, FrameWindow, error_status, loggable_id
 
 if TYPE_CHECKING:
-    from appliance.serving.analyze import Analysis, Analyzer
+    from appliance.serving.analysis import Analysis, Analyzer
 
 __all__ = ["DICOM_SUFFIX", "SERVICE_NAME", "OipServicer", "add_to_server"]
 

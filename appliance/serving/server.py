@@ -1,8 +1,8 @@
 """gRPC servicer ``appliance.v1.Inference`` (Analyze, AnalyzeStream, GetStatus): protobuf in and out only.
 
 The request path itself is :meth:`appliance.serving.analyze.RequestPath.analyze`; this module translates an
-``AnalyzeRequest`` into a call on the :class:`~appliance.serving.analyze.Analyzer` protocol and an
-:class:`~appliance.serving.analyze.Analysis` back into an ``AnalyzeResponse``. Every error leaves as the gRPC status of
+``AnalyzeRequest`` into a call on the :class:`~appliance.serving.analysis.Analyzer` protocol and an
+:class:`~appliance.serving.analysis.Analysis` back into an ``AnalyzeResponse``. Every error leaves as the gRPC status of
 its :mod:`appliance.errors` class, with ``google.rpc`` details (ErrorInfo, BadRequest, RetryInfo); bad input
 never gets INTERNAL. Health and reflection are registered by :mod:`appliance.serving.app`.
 """
@@ -25,7 +25,8 @@ from appliance.errors import ApplianceError, DeadlineExceeded, InputError, Unava
 from appliance.privacy import hash_uid, reply_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.serving.analyze import DEADLINE_SLACK_S, Analysis, RequestPath
+from appliance.serving.analysis import Analysis
+from appliance.serving.analyze import DEADLINE_SLACK_S, RequestPath
 
 __all__ = ["FrameShare", "FrameWindow", "InferenceServicer", "error_status", "loggable_id"]
 

@@ -200,7 +200,7 @@ def test_queue_full_advises_a_retry_after_the_requests_waiting_for_the_workers(f
 
     async def refused() -> Overloaded:
         with pytest.raises(Overloaded) as e:
-            await path._queue_room(path.clock.monotonic() + 10.0, wait=False)
+            await path._gate.room(path.clock.monotonic() + 10.0, wait=False)
         return e.value
 
     error = asyncio.run(refused())
@@ -228,7 +228,7 @@ def test_batch_requests_leave_room_at_the_workers_for_interactive_ones(fake_mani
     """Held-out review, session 18: behind 70 BATCH calls on one connection, 9 of 20 INTERACTIVE calls were refused
     QUEUE_FULL. BATCH requests may fill BATCH_SHARE of the requests-waiting-for-a-worker bound; the rest is kept."""
     from appliance.batching.work import Priority
-    from appliance.serving.analyze import BATCH_SHARE
+    from appliance.serving.admission import BATCH_SHARE
 
     path = _path(fake_manifest)
     waiting = int(path.limits.max_unadmitted * BATCH_SHARE)  # 48 of 64
@@ -236,9 +236,9 @@ def test_batch_requests_leave_room_at_the_workers_for_interactive_ones(fake_mani
 
     async def scenario() -> None:
         with pytest.raises(Overloaded, match="for BATCH requests; the rest is kept for INTERACTIVE ones") as e:
-            await path._queue_room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.BATCH)
+            await path._gate.room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.BATCH)
         assert e.value.reason == "QUEUE_FULL"
-        await path._queue_room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.INTERACTIVE)  # admitted
+        await path._gate.room(path.clock.monotonic() + 10.0, wait=False, priority=Priority.INTERACTIVE)  # admitted
 
     asyncio.run(scenario())
 
@@ -254,14 +254,14 @@ def test_a_deadline_too_near_for_the_requests_ahead_at_the_workers_is_refused_at
 
     async def refused(deadline_in: float) -> Overloaded:
         with pytest.raises(Overloaded) as e:
-            await path._queue_room(now + deadline_in, wait=False, priority=Priority.BATCH, source="a")
+            await path._gate.room(now + deadline_in, wait=False, priority=Priority.BATCH, source="a")
         return e.value
 
     error = asyncio.run(refused(0.5))
     assert error.reason == "DEADLINE_UNMEETABLE" and "40 requests ahead" in str(error)
     assert error.retry_after_s is not None and error.retry_after_s >= 0.85
     assert path.batcher.statistics().rejected == 1
-    asyncio.run(path._queue_room(now + 1.0, wait=False, priority=Priority.BATCH, source="a"))  # 0.85 s: it may
+    asyncio.run(path._gate.room(now + 1.0, wait=False, priority=Priority.BATCH, source="a"))  # 0.85 s: it may
     path.pool.ahead = lambda priority, source: 0  # type: ignore[method-assign]
-    asyncio.run(path._queue_room(now + 0.06, wait=False, source="a"))  # idle: 20 ms + 30 ms
-    asyncio.run(path._queue_room(now + 0.04, wait=True, source="a"))  # a stream's item waits for room instead
+    asyncio.run(path._gate.room(now + 0.06, wait=False, source="a"))  # idle: 20 ms + 30 ms
+    asyncio.run(path._gate.room(now + 0.04, wait=True, source="a"))  # a stream's item waits for room instead

@@ -52,11 +52,11 @@ Design (``docs/thermal.md``):
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 
 from appliance.thermal.boardpower import BoardPower
+from appliance.thermal.diemodel import DieModel
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
 from appliance.thermal.plausible import FallBound, ReadingVote
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
@@ -82,9 +82,6 @@ _GUARD_HOT_WINDOW = 4
 _GUARD_HOT_MEAN_C = 0.5
 
 
-#: How far each power sample moves the learned watts per duty (a 20-sample memory).
-_LEARN_RATE = 0.05
-
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
 #: Why a plausible reading was rejected as a glitch (not a failed read, an out-of-range value or a stuck verdict).
 _GLITCH_KINDS = frozenset({"implausible jump", "implausible: outvoted"})
@@ -106,7 +103,7 @@ class Governor:
         self._state = GovernorState.COOL
         self._duty = 1.0
         self._integral: float | None = None  # W; None until first activation (bumpless start)
-        self._w_per_duty = c.nameplate_w
+        self._die = DieModel(c)  # learned watts per duty, die model, delay compensation, reading filter
         self._last_t: float | None = None
         self._last_good_t: float | None = None
         self._last_good_temp: float | None = None
@@ -125,10 +122,6 @@ class Governor:
         self._ramp_cap: float | None = None
         self._smooth: float | None = None
         self._hits = 0.0
-        self._lead_model: float | None = None
-        self._filtered: tuple[float, float, float] | None = None  # (time, filtered reading, delayed model)
-        self._lead_hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
-        self._lead_then = 0.0  # the die model sensor_delay_s ago, W (what the reading should show now)
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
@@ -158,6 +151,10 @@ class Governor:
     def boost_c(self) -> float:
         """The live boost now added to ``setpoint_c``, °C (0 whenever the sensor is not demonstrably live)."""
         return self._boost
+
+    def lead_c(self) -> float:
+        """What the die model says the die did over the last sensor delay, °C (the delay compensation)."""
+        return self._die.lead_c()
 
     @property
     def integral_w(self) -> float | None:
@@ -195,23 +192,23 @@ class Governor:
             return self._decide(now_s, 0.0, None, GovernorState.STOPPED, f"gpu {error or 'lost'}", None, None)
 
         power, measured = self._board.sample(now_s, dt, power_w, energy_j, self._duty if busy is None else busy,
-                                             self._w_per_duty)
-        self._advance_lead(now_s, power, dt)
+                                             self._die.w_per_duty)
+        self._die.advance(now_s, power, dt)
         if busy is not None and measured is not None:
-            self._learn_model(measured, busy)
+            self._die.learn(measured, busy, self._board.trust)
         temp, why = self._validate(now_s, temp_c, error)
         if temp is not None:
             used = self._duty if busy is None else busy
             normal = self._state in (GovernorState.COOL, GovernorState.REGULATING, GovernorState.THROTTLING)
             paused = self._state is GovernorState.EMERGENCY or (
                 self._state is GovernorState.THROTTLING and self._duty <= c.min_duty + 1e-9)
-            self._check = self._frozen.check(now_s, temp, power, used, normal, self._full_w(), jumped=why == "jump",
+            self._check = self._frozen.check(now_s, temp, power, used, normal, self._die.full_w(), jumped=why == "jump",
                                              paused=paused)
             if not self._check.ok:
                 self._blind_reason = self._check.reason
                 temp, why = None, "stuck"
         else:
-            self._frozen.skip(now_s, power, self._full_w())  # a gap is not a change (sensorcheck, point 5)
+            self._frozen.skip(now_s, power, self._die.full_w())  # a gap is not a change (sensorcheck, point 5)
             self._check = FrozenCheck(True)
         if temp is None:
             if why in _GLITCH_KINDS:
@@ -237,75 +234,9 @@ class Governor:
     def _models(self) -> tuple[tuple[float, float], tuple[float, float]]:
         """The die (delayed) and heatsink models as low-passed power, W, and °C per W of each (for the fall bound)."""
         sink_w, sink_c_per_w = self._frozen.sink_model()
-        return (self._lead_then, sink_w), (self._model_c(1.0), sink_c_per_w)
+        return (self._die.then, sink_w), (self._die.model_c(1.0), sink_c_per_w)
 
     # ------------------------------------------------------------- sampling
-    def _advance_lead(self, now_s: float, power: float, dt: float) -> None:
-        # the die model as low-passed power, W; _model_c turns a change of it into °C at the learned full power
-        c = self.config
-        if self._lead_model is None:
-            self._lead_model = power
-        else:
-            self._lead_model += (power - self._lead_model) * min(dt / c.die_tau_s, 1.0)
-        self._lead_hist.append((now_s, self._lead_model))
-        self._lead_then = self._model_delayed()
-
-    def _model_c(self, delta_w: float) -> float:
-        return self.config.die_rise_c * delta_w / self._full_w()
-
-    def _full_w(self) -> float:
-        """Watts of a full duty above idle, as learned (bounded to 0.25-2x the nameplate).
-
-        The die models use it so they follow the card that is really there when ``p_max_w`` is the uncommissioned
-        default (``die_rise_c`` and ``sink_rise_c`` are rises at full power).
-        """
-        nameplate = self.config.nameplate_w
-        return min(max(self._w_per_duty, 0.25 * nameplate), 2.0 * nameplate)
-
-    def _model_delayed(self) -> float:
-        """The die model (low-passed power, W) as it was sensor_delay_s ago: what the reading should show now."""
-        then = self._lead_hist[-1][0] - self.config.sensor_delay_s
-        past = self._lead_hist[0][1]
-        for (t0, m0), (t1, m1) in itertools.pairwise(self._lead_hist):
-            if t0 <= then <= t1:
-                past = m0 + (m1 - m0) * ((then - t0) / (t1 - t0) if t1 > t0 else 1.0)
-                break
-        return past
-
-    def lead_c(self) -> float:
-        """What the die model says the die did over the last sensor delay, °C (the delay compensation)."""
-        c = self.config
-        if self._lead_model is None or c.lead_gain <= 0.0 or c.sensor_delay_s <= 0.0:
-            return 0.0
-        return c.lead_gain * self._model_c(self._lead_model - self._lead_then)
-
-    def _filter(self, now_s: float, reading: float, dt: float) -> float:
-        """The reading for the P term: noise-filtered, but following the die model between readings.
-
-        A complementary filter: the model's delayed change since the last sample is added first (a power step
-        moves it at once), then the new reading is blended in with ``dt / reading_filter_s``. Restarted from the
-        raw reading after any gap in regulation (BLIND, HOLDING, COOL).
-        """
-        c = self.config
-        model = self._lead_then
-        last = self._filtered
-        if c.reading_filter_s <= 0.0 or last is None or now_s - last[0] > 2.0 * c.period_s:
-            value = reading
-        else:
-            value = last[1] + self._model_c(model - last[2])
-            value += (reading - value) * min(dt / c.reading_filter_s, 1.0)
-        self._filtered = (now_s, value, model)
-        return value
-
-    def _learn_model(self, power: float, busy: float) -> None:
-        if busy >= 0.3:
-            sample = (power - self.config.p_idle_w) / busy
-            if sample > 0.1 * self.config.p_max_w:
-                # a scattered power reading is learned from more slowly: at the full rate, ±30 % noise walked the
-                # learned watts ±10 % within 20 s, and the delay compensation with them (docs/thermal.md)
-                rate = _LEARN_RATE * max(self._board.trust, 0.1)
-                self._w_per_duty += rate * (sample - self._w_per_duty)
-
     def _validate(self, now_s: float, temp_c: float | None, error: str | None) -> tuple[float | None, str]:
         c = self.config
         if temp_c is None or error is not None:
@@ -452,14 +383,14 @@ class Governor:
         never reset, so the learned sustainable budget survives idle hours and blind periods.
         """
         c = self.config
-        w = self._w_per_duty
+        w = self._die.w_per_duty
         p_lo = c.p_idle_w + c.min_duty * w
         p_hi = c.p_idle_w + w
         reading = temp
         unseen = self._frozen.unseen_rise()
-        ahead = unseen + self.lead_c()
+        ahead = unseen + self._die.lead_c()
         temp = reading + ahead  # the integrator and the guard act on this
-        filtered = self._filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
+        filtered = self._die.filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
         self._smooth = (filtered if self._smooth is None
                         else self._smooth + (filtered - self._smooth) * min(dt / 10.0, 1.0))
         self._update_boost(reading, unseen, dt)

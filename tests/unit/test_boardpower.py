@@ -73,7 +73,7 @@ def _noisy_power_run(name: str, seed: int, sigma: float, seconds: int = 900) -> 
         duty = gov.update(float(t), sensor.read(plant), power, None if t == 0 else used)
         used = min(0.0 if t < 180 else 1.0, duty)
         plant.advance(1.0, used)
-    return plant.seconds_above, plant.max_tj, gov._full_w(), row.plant.p_max_w - row.plant.p_idle_w
+    return plant.seconds_above, plant.max_tj, gov._die.full_w(), row.plant.p_max_w - row.plant.p_idle_w
 
 
 @pytest.mark.parametrize(("name", "seed", "sigma"), [("rand3-4", 3, 0.3), ("rand7-16", 7, 0.5), ("rand3-17", 3, 0.5)])

@@ -182,7 +182,7 @@ def _coarse_counter_run(name: str, update_s: int, seconds: int = 1500) -> tuple[
         duty = gov.update(float(t), value, None, None if t == 0 else used, energy_j=counter, error=error)
         used = min(0.0 if t < 180 else 1.0, duty)
         plant.advance(1.0, used)
-    return plant.seconds_above, plant.max_tj, gov._full_w()
+    return plant.seconds_above, plant.max_tj, gov._die.full_w()
 
 
 def test_an_energy_counter_that_updates_every_few_seconds_gives_the_true_power() -> None:

@@ -19,7 +19,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from appliance.errors import (
 if TYPE_CHECKING:
     from appliance.pipeline.steps import FrameInfo
 
-__all__ = ["BatchObserver", "Inbox", "QueueStats", "check_capacity"]
+__all__ = ["BatchObserver", "Inbox", "Keep", "QueueStats", "check_capacity"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,14 @@ def check_capacity(queue_capacity: int, batch_size: int) -> None:
     if queue_capacity < batch_size:
         raise ConfigError(f"config key batcher.queue_capacity ({queue_capacity}) must be >= the model's batch size "
                           f"({batch_size})")
+
+
+class Keep(NamedTuple):
+    """Inbox slots a request must leave free after it (:meth:`Inbox.reserve`), for whom, and a refusal's reason."""
+
+    keep_free: int
+    kept_for: str = "other senders"
+    kept_reason: str = "SENDER_SHARE"
 
 
 @dataclass(frozen=True)
@@ -166,11 +174,14 @@ class Inbox:
         duty = max(self.pacer.duty, 0.05)
         return batches * (self.batch_s_floor if fastest else self.batch_s_estimate) / duty
 
-    def reserve(self, request: Request, *, keep_free: int = 0) -> None:
+    def reserve(self, request: Request, *, keep_free: int = 0, kept_for: str = "other senders",
+                kept_reason: str = "SENDER_SHARE") -> None:
         """Admit a request: reserve one slot per frame. Its frames then wait for a worker (ADMITTED).
 
         ``keep_free`` slots must stay free after it, unless the inbox is empty (and never more than it leaves):
-        the request path keeps the last ones for other senders (appliance.serving.admission.SENDER_SHARE).
+        the request path keeps the last ones for other senders (appliance.serving.admission.SENDER_SHARE), or for
+        INTERACTIVE requests when this one is BATCH. A refusal because of them says ``kept_for`` and has the
+        reason ``kept_reason``.
 
         Raises:
             Unavailable: draining, stopped, or the engine is dead.
@@ -203,11 +214,11 @@ class Inbox:
             keep = min(keep_free, cap - n) if len(self._free) < cap else 0  # an empty inbox admits what fits
             if len(self._free) < n + keep:
                 depth = cap - len(self._free)
-                shared = keep and len(self._free) >= n  # it would fit but for the other senders' reserve
-                reason = "SENDER_SHARE" if shared else "QUEUE_FULL"
+                shared = keep and len(self._free) >= n  # it would fit but for the reserve it must leave
+                reason = kept_reason if shared else "QUEUE_FULL"
                 self._rejected += 1
                 self.observer.on_rejected(reason)
-                kept = f", the last {keep} kept for other senders" if shared else ""
+                kept = f", the last {keep} kept for {kept_for}" if shared else ""
                 raise Overloaded(
                     f"inbox full: {depth} of {cap} slots in use{kept} (config key batcher.queue_capacity)",
                     retry_after_s=self.batch_s_estimate * math.ceil(depth / self.batch_size),

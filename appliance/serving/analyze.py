@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from appliance.batching.batcher import Batcher
+from appliance.batching.inbox import Keep
 from appliance.batching.work import Priority, Request, WorkItem
 from appliance.clock import Clock
 from appliance.errors import (
@@ -38,7 +39,7 @@ from appliance.errors import (
 )
 from appliance.pipeline.postprocess import Postprocessor
 from appliance.privacy import clip
-from appliance.serving.admission import ByteBudget, Senders, WorkerGate
+from appliance.serving.admission import BATCH_SHARE, ByteBudget, Senders, WorkerGate
 from appliance.serving.analysis import AdmitFrames, Analysis, FrameAnalysis, ModelInfo
 from appliance.workers.pool import Job, WorkerPool
 
@@ -190,7 +191,7 @@ class RequestPath:
 
                 def admit(n_frames: int, sop_uid: str) -> list[WorkItem]:  # on a pool supervisor thread
                     if admit_frames is None:  # nothing to wait for: reserve right here, no hop to the event loop
-                        return self._admit(job, n_frames, sop_uid, self._keep_free(source))
+                        return self._admit(job, n_frames, sop_uid, *self._keep_free(source, priority))
                     return self._admit_stream(loop, job, n_frames, sop_uid, admit_frames)
 
                 job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
@@ -240,16 +241,25 @@ class RequestPath:
         done = _new_future(loop)
         request = Request(rid, "", priority, deadline, t0, n_frames=len(inputs),
                           on_done=lambda r: _resolve(loop, done, r))
-        self.batcher.reserve(request, keep_free=self._keep_free(source))
+        self.batcher.reserve(request, **self._keep_free(source, priority)._asdict())
         for item, row in zip(request.items, inputs, strict=True):
             self.batcher.put_tensor(item, row)
         await self._wait(done, request, None)
         return [dict(item.outputs or {}) for item in request.items]
 
-    def _keep_free(self, source: str) -> int:
-        """Inbox slots a request of ``source`` (counted in flight) must leave free: the other senders' reserve."""
+    def _keep_free(self, source: str, priority: Priority) -> Keep:
+        """The inbox slots a request must leave free, for whom, and the reason a refusal for them gives.
+
+        A sender counted in flight leaves the other senders' reserve; a BATCH request leaves INTERACTIVE's
+        (``BATCH_SHARE``, as at the workers), whichever is larger. Kept only at the workers, a BATCH backlog of
+        multi-frame files still filled the inbox, and INTERACTIVE requests were parsed only to be refused.
+        """
         cap = self.batcher.config.queue_capacity
-        return cap - int(cap * self._senders.share(source, counted=True))
+        senders = cap - int(cap * self._senders.share(source, counted=True))
+        interactive = cap - int(cap * BATCH_SHARE) if priority is Priority.BATCH else 0
+        if interactive > senders:
+            return Keep(interactive, "INTERACTIVE requests", "QUEUE_FULL")
+        return Keep(senders, "other senders", "SENDER_SHARE")
 
     @contextlib.contextmanager
     def _counted(self, t0: float, time_remaining: float | None = None) -> Iterator[None]:
@@ -285,7 +295,8 @@ class RequestPath:
         """Count a request whose files were analyzed uncounted (``analyze(counted=False)``): one OIP ModelInfer."""
         self._on_finished(code, seconds)
 
-    def _admit(self, job: Job, n_frames: int, sop_uid: str, keep_free: int) -> list[WorkItem]:
+    def _admit(self, job: Job, n_frames: int, sop_uid: str, keep_free: int, kept_for: str = "other senders",
+               kept_reason: str = "SENDER_SHARE") -> list[WorkItem]:
         """Reserve one slot per frame of a parsed file (any thread); raise if that is refused or it was cancelled.
 
         Atomic against :meth:`_drop` (one lock): a cancel either comes first, and nothing is reserved, or finds
@@ -298,7 +309,7 @@ class RequestPath:
             request.set_frames(n_frames, sop_uid)
             try:
                 self._check_admitting()
-                self.batcher.reserve(request, keep_free=keep_free)
+                self.batcher.reserve(request, keep_free=keep_free, kept_for=kept_for, kept_reason=kept_reason)
             except BaseException:
                 request.set_frames(0)  # never admitted: a late cancel has nothing to free
                 raise

@@ -80,10 +80,10 @@ class _PausingBatcher(Batcher):
         super().__init__(*a, **kw)
         self.entered, self.go = threading.Event(), threading.Event()
 
-    def reserve(self, request: Request, *, keep_free: int = 0) -> None:
+    def reserve(self, request: Request, **keep: Any) -> None:
         self.entered.set()
         assert self.go.wait(5)
-        super().reserve(request, keep_free=keep_free)
+        super().reserve(request, **keep)
 
 
 def test_a_cancel_in_the_middle_of_an_admission_waits_for_it_then_frees_every_slot(fake_manifest: Any) -> None:
@@ -265,3 +265,20 @@ def test_a_deadline_too_near_for_the_requests_ahead_at_the_workers_is_refused_at
     path.pool.ahead = lambda priority, source: 0  # type: ignore[method-assign]
     asyncio.run(path._gate.room(now + 0.06, wait=False, source="a"))  # idle: 20 ms + 30 ms
     asyncio.run(path._gate.room(now + 0.04, wait=True, source="a"))  # a stream's item waits for room instead
+
+
+def test_batch_requests_leave_room_in_the_inbox_for_interactive_ones(fake_manifest: Any) -> None:
+    """Held-out review, session 18: INTERACTIVE requests had reserved room only at the workers; a BATCH backlog of
+    multi-frame files still filled the inbox, and INTERACTIVE files were parsed only to be refused "inbox full"."""
+    path = _path(fake_manifest)  # 8 slots: BATCH may fill 6
+    keep = path._keep_free("batch-client", Priority.BATCH)
+    path._admit(_job("b1"), 5, "1.2.1", *keep)
+    with pytest.raises(Overloaded, match=r"inbox full: 5 of 8 slots in use, the last 2 kept for INTERACTIVE "
+                                         r"requests") as e:
+        path._admit(_job("b2"), 2, "1.2.2", *keep)
+    assert e.value.reason == "QUEUE_FULL"
+    path._admit(_job("b3"), 1, "1.2.3", *keep)  # the sixth slot
+    interactive = Job(Request("i1", "stub", Priority.INTERACTIVE, None, 100.0), b"DICM", "stub",
+                      admit=lambda n, uid: [], fail=lambda e: None)
+    assert len(path._admit(interactive, 2, "1.2.4", *path._keep_free("other", Priority.INTERACTIVE))) == 2
+    assert path.batcher.statistics().depth == 8

@@ -33,7 +33,11 @@ __all__ = [
     "cudaDeviceProp",
     "cudaDriverGetVersion",
     "cudaError_t",
+    "cudaEventBlockingSync",
     "cudaEventCreate",
+    "cudaEventCreateWithFlags",
+    "cudaEventDefault",
+    "cudaEventDisableTiming",
     "cudaEventDestroy",
     "cudaEventRecord",
     "cudaEventSynchronize",
@@ -56,14 +60,25 @@ __all__ = [
     "cudaStreamBeginCapture",
     "cudaStreamCaptureMode",
     "cudaStreamCreate",
+    "cudaStreamCreateWithFlags",
+    "cudaStreamDefault",
     "cudaStreamDestroy",
     "cudaStreamEndCapture",
+    "cudaStreamNonBlocking",
     "cudaStreamSynchronize",
     "cudaStreamWaitEvent",
     "cudaStream_t",
     "enqueue",
     "reset",
 ]
+
+
+#: Stream and event creation flags: plain ints in the real ``cuda.bindings.runtime``, as here.
+cudaStreamDefault = 0  # noqa: N816
+cudaStreamNonBlocking = 1  # noqa: N816
+cudaEventDefault = 0  # noqa: N816
+cudaEventBlockingSync = 1  # noqa: N816
+cudaEventDisableTiming = 2  # noqa: N816
 
 
 class cudaError_t(enum.IntEnum):  # noqa: N801 - the real binding's name
@@ -118,6 +133,7 @@ class cudaStream_t(_Handle):  # noqa: N801
         super().__init__()
         self.queue: list[tuple[str, Callable[[], None]]] = []
         self.capture: list[tuple[str, Callable[[], None]]] | None = None
+        self.flags = 0  # cudaStreamCreateWithFlags' flags
 
 
 class cudaEvent_t(_Handle):  # noqa: N801
@@ -126,6 +142,7 @@ class cudaEvent_t(_Handle):  # noqa: N801
     def __init__(self) -> None:
         super().__init__()
         self.stream: cudaStream_t | None = None
+        self.flags = 0  # cudaEventCreateWithFlags' flags
         self.fired = True
 
 
@@ -315,6 +332,16 @@ def cudaStreamCreate() -> tuple[cudaError_t, cudaStream_t | None]:  # noqa: N802
     return cudaError_t.cudaSuccess, s
 
 
+def cudaStreamCreateWithFlags(flags) -> tuple[cudaError_t, cudaStream_t | None]:  # noqa: N802
+    """A new stream; ``flags`` is ``cudaStreamDefault`` or ``cudaStreamNonBlocking`` (kept on the stream)."""
+    if int(flags) not in (cudaStreamDefault, cudaStreamNonBlocking):
+        return cudaError_t.cudaErrorInvalidValue, None
+    err, s = cudaStreamCreate()
+    if s is not None:
+        s.flags = int(flags)
+    return err, s
+
+
 def cudaStreamDestroy(stream) -> tuple[cudaError_t]:  # noqa: N802
     """Destroy a stream (its pending work runs first, as on a GPU)."""
     s = _stream(stream)
@@ -338,6 +365,16 @@ def cudaEventCreate() -> tuple[cudaError_t, cudaEvent_t | None]:  # noqa: N802
     """A new event."""
     err = _gate("cudaEventCreate")
     return (err, cudaEvent_t()) if err == cudaError_t.cudaSuccess else (err, None)
+
+
+def cudaEventCreateWithFlags(flags) -> tuple[cudaError_t, cudaEvent_t | None]:  # noqa: N802
+    """A new event; ``flags`` ORs ``cudaEventBlockingSync``, ``cudaEventDisableTiming`` (kept on the event)."""
+    if int(flags) & ~(cudaEventBlockingSync | cudaEventDisableTiming):
+        return cudaError_t.cudaErrorInvalidValue, None
+    err, e = cudaEventCreate()
+    if e is not None:
+        e.flags = int(flags)
+    return err, e
 
 
 def cudaEventDestroy(event) -> tuple[cudaError_t]:  # noqa: N802

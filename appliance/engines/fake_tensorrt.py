@@ -33,6 +33,7 @@ __all__ = [
     "BuilderFlag",
     "DataType",
     "HardwareCompatibilityLevel",
+    "IHostMemory",
     "IProgressMonitor",
     "LayerInformationFormat",
     "Logger",
@@ -128,7 +129,7 @@ class LayerInformationFormat(enum.IntEnum):
 class BuilderFlag(enum.IntEnum):
     """Builder flags this backend may set (no precision flags: TensorRT 11 removed them)."""
 
-    VERSION_COMPATIBLE = 18
+    VERSION_COMPATIBLE = 13  # its value in TensorRT 10.13-10.16 (12 in 11.x)
 
 
 class Logger:
@@ -190,8 +191,8 @@ class OnnxParser:
         self.network = network
         self.errors: list[str] = []
 
-    def parse(self, model: bytes) -> bool:
-        """Parse; False (with errors) if the bytes are not a valid ONNX graph."""
+    def parse(self, model: bytes, path: str | None = None) -> bool:
+        """Parse; False (with errors) if the bytes are not a valid ONNX graph (``path``: for external weights)."""
         try:
             self.network.facts = _graph_facts(bytes(model))
         except Exception as e:  # noqa: BLE001 - the real parser reports, never raises
@@ -210,12 +211,26 @@ class OnnxParser:
         return self.errors[index]
 
 
+class IHostMemory:
+    """A buffer TensorRT allocated, as the real one: ``bytes(m)`` and ``nbytes``, but no ``len()``.
+
+    A ``len(plan)`` would pass on plain bytes here and fail only on a GPU (GPU code review, session 19).
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.nbytes = len(data)
+
+    def __bytes__(self) -> bytes:
+        return self._data
+
+
 class _TimingCache:
     def __init__(self, data: bytes) -> None:
         self.data = data or b"fake-timing-cache"
 
-    def serialize(self) -> bytes:
-        return self.data + b"+"
+    def serialize(self) -> IHostMemory:
+        return IHostMemory(self.data + b"+")
 
 
 class _Config:
@@ -259,7 +274,7 @@ class Builder:
         """A builder configuration."""
         return _Config()
 
-    def build_serialized_network(self, network: _Network, config: _Config) -> bytes | None:
+    def build_serialized_network(self, network: _Network, config: _Config) -> IHostMemory | None:
         """Build a plan; None on failure (as the real builder)."""
         STATE.builds += 1
         STATE.configs.append({"workspace": config.pools.get(int(MemoryPoolType.WORKSPACE)),
@@ -282,7 +297,7 @@ class Builder:
         facts["int4"] = facts["int4"] and not STATE.drop_int4 and network.strongly_typed
         facts["fp16"] = facts["fp16"] and network.strongly_typed  # weak typing without flags: FP32
         header = json.dumps({"version": __version__, "facts": facts}).encode()
-        return _MAGIC + len(header).to_bytes(4, "little") + header + network.onnx
+        return IHostMemory(_MAGIC + len(header).to_bytes(4, "little") + header + network.onnx)
 
 
 class Runtime:

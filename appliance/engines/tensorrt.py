@@ -192,8 +192,14 @@ class TensorrtEngine(Engine):
                 self._allocs.append(("device", dev[name]))
             self._host.append(host)
             self._dev.append(dev)
-        self._streams = {"copy": self._call("cudaStreamCreate"), "compute": self._call("cudaStreamCreate")}
-        self._events = {k: [self._call("cudaEventCreate") for _ in range(SLOTS)]
+        # non-blocking streams (no implicit sync with the legacy default stream), and events that put the waiting
+        # thread to sleep and keep no timestamps: a default event spins a CPU core in cudaEventSynchronize for
+        # the whole batch (GPU code review, session 19; docs/gpu.md)
+        cu = self._cudart
+        self._streams = {name: self._call("cudaStreamCreateWithFlags", cu.cudaStreamNonBlocking)
+                         for name in ("copy", "compute")}
+        flags = cu.cudaEventBlockingSync | cu.cudaEventDisableTiming
+        self._events = {k: [self._call("cudaEventCreateWithFlags", flags) for _ in range(SLOTS)]
                         for k in ("copied", "consumed", "done")}
         for s in range(SLOTS):  # "consumed" starts signalled so the first copy into each slot need not wait
             self._call("cudaEventRecord", self._events["consumed"][s], self._streams["compute"])
@@ -249,7 +255,7 @@ class TensorrtEngine(Engine):
                 if not ok:
                     raise EngineError("TensorRT execute_async_v3 failed during CUDA graph capture")
                 execs.append(self._call("cudaGraphInstantiate", graph, 0))
-        except EngineError:
+        except BaseException:  # any error, not only the engine's: a stream left capturing fails every later call
             self._cudart.cudaStreamEndCapture(stream)  # leave capture mode if the error came mid-capture
             for g in execs:
                 self._cudart.cudaGraphExecDestroy(g)

@@ -26,6 +26,7 @@ re-sent every :data:`EXTEND_EVERY_S` so systemd's start timeout never fires duri
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -132,7 +133,9 @@ class PlanKey:
         return cache_dir / f"{self.model}-{self.precision}-{self.digest()[:16]}.plan"
 
 
+@functools.cache
 def _logger(trt: Any) -> Any:
+    """One logger per process for the builder and every runtime: TensorRT warns when a second one differs."""
     return trt.Logger(trt.Logger.WARNING)
 
 
@@ -328,6 +331,10 @@ def ensure_plan(trt: Any, manifest: Manifest, artifact: Artifact, device: Any, *
     timing = cache_dir / f"timing-trt{trt.__version__}-{re.sub(r'[^A-Za-z0-9]+', '_', device.name)}-sm{cc}.cache"
     runtime = trt.Runtime(_logger(trt))
     reason = "forced" if force else _plan_problem(plan_path, sidecar, key)
+    refused = None if reason is not None else _refused(sidecar)
+    if refused is not None:  # this plan failed verification when it was built: say so again, do not rebuild
+        raise EngineError(f"{refused} (verdict cached in {sidecar}: delete it, or run `appliance models build-engine "
+                          "--force`, to build again)")
     engine = None
     if reason is None:
         engine = runtime.deserialize_cuda_engine(plan_path.read_bytes())
@@ -343,13 +350,31 @@ def ensure_plan(trt: Any, manifest: Manifest, artifact: Artifact, device: Any, *
         engine = runtime.deserialize_cuda_engine(plan)
         if engine is None:
             raise EngineError(f"TensorRT could not deserialize the plan it just built for {artifact.path.name}")
-    checked = verify_engine(trt, engine, manifest, artifact)
-    if built:
-        meta = {"key": asdict(key), "key_sha256": key.digest(), "plan_sha256": hashlib.sha256(plan).hexdigest(),
-                "build_s": build_s, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **checked}
-        _atomic_write(sidecar, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+    def record(checked: dict[str, Any]) -> None:
+        if built:
+            meta = {"key": asdict(key), "key_sha256": key.digest(), "plan_sha256": hashlib.sha256(plan).hexdigest(),
+                    "build_s": build_s, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **checked}
+            _atomic_write(sidecar, (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode())
+
+    try:
+        checked = verify_engine(trt, engine, manifest, artifact)
+    except EngineError as e:
+        # the verdict is kept with the plan: without it a refused plan had no sidecar, so every start rebuilt it
+        # (minutes on a GPU) only to refuse it again (GPU code review, session 19)
+        record({"refused": str(e)})
+        raise
+    record(checked)
     return engine, {"plan": str(plan_path), "built": built, "reason": reason, "build_s": build_s,
                     "key_sha256": key.digest(), **checked}
+
+
+def _refused(sidecar: Path) -> str | None:
+    """Why the cached plan failed verification when it was built (None: it passed, or nothing is recorded)."""
+    try:
+        refused = json.loads(sidecar.read_text(encoding="utf-8")).get("refused")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return refused if isinstance(refused, str) else None
 
 
 def _plan_problem(plan_path: Path, sidecar: Path, key: PlanKey) -> str | None:

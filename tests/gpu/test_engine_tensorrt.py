@@ -147,6 +147,27 @@ def test_silent_fp32_build_is_an_error(manifest, tmp_path):
         make(manifest, tmp_path).load()
 
 
+def test_a_refused_plan_keeps_its_verdict_and_is_not_rebuilt_at_every_start(manifest, tmp_path):
+    """GPU code review, session 19: a plan that failed verification had no sidecar, so every start rebuilt it
+    (minutes on a GPU) only to refuse it again."""
+    from appliance.engines.cuda import probe_device
+
+    fake_tensorrt.STATE.drop_int4 = True
+    with pytest.raises(BackendUnavailable, match="no INT4 weights: a silent"):
+        make(manifest, tmp_path).load()
+    assert fake_tensorrt.STATE.builds == 1
+    with pytest.raises(BackendUnavailable, match=r"no INT4 weights: a silent .*verdict cached in .*\.json: delete "
+                                                 r"it, or run `appliance models build-engine --force`"):
+        make(manifest, tmp_path).load()
+    assert fake_tensorrt.STATE.builds == 1  # refused at once, from the sidecar
+    fake_tensorrt.STATE.drop_int4 = False
+    _, report = ensure_plan(fake_tensorrt, manifest, manifest.artifact("w4a16"), probe_device(fake_cudart),
+                            cache_dir=tmp_path, force=True)
+    assert report["built"] and fake_tensorrt.STATE.builds == 2 and "refused" not in report
+    make(manifest, tmp_path).load()  # the good plan's sidecar replaced the verdict
+    assert fake_tensorrt.STATE.builds == 2
+
+
 def test_weakly_typed_network_would_build_fp32_and_is_caught(manifest, tmp_path):
     from appliance.engines.cuda import probe_device
     from appliance.engines.trt_build import BuildSettings
@@ -285,6 +306,35 @@ def test_failed_graph_capture_falls_back_to_direct_enqueue(manifest, tmp_path, b
     assert not engine.graph_captured and "cudaErrorMemoryAllocation" in engine.graph_error
     assert all(s.capture is None for s in fake_cudart.STATE.streams)  # no stream left in capture mode
     np.testing.assert_array_equal(engine.run(batch)["prob"], reference["prob"])
+    engine.close()
+
+
+def test_an_unexpected_error_mid_capture_leaves_no_stream_capturing(manifest, tmp_path):
+    """GPU code review, session 19: only an EngineError ended the capture; anything else left the compute stream in
+    capture mode, and every later CUDA call on it failed."""
+    engine = make(manifest, tmp_path)
+    engine.load()
+
+    def broken(stream: int) -> bool:
+        raise RuntimeError("a bug in the enqueue path")
+
+    engine._context.execute_async_v3 = broken
+    with pytest.raises(RuntimeError, match="a bug"):
+        engine._capture()
+    assert all(s.capture is None for s in fake_cudart.STATE.streams)
+    engine.close()
+
+
+def test_streams_do_not_sync_with_the_default_stream_and_waits_sleep(manifest, tmp_path):
+    """GPU code review, session 19: default events spin a CPU core in cudaEventSynchronize for the whole batch, and
+    default streams synchronise with the legacy default stream."""
+    engine = make(manifest, tmp_path)
+    engine.load()
+    assert fake_cudart.STATE.streams and all(s.flags == fake_cudart.cudaStreamNonBlocking
+                                             for s in fake_cudart.STATE.streams)
+    events = [e for slots in engine._events.values() for e in slots]
+    assert len(events) == 6 and all(
+        e.flags == fake_cudart.cudaEventBlockingSync | fake_cudart.cudaEventDisableTiming for e in events)
     engine.close()
 
 

@@ -336,7 +336,8 @@ class DicomInstance:
             frame = get_frame(encapsulated, index, number_of_frames=self.number_of_frames,
                               extended_offsets=self._opts.get("extended_offsets"))
             check_frame(self.transfer_syntax_uid, frame, FrameGeometry(
-                self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored))
+                self.rows, self.columns, self.samples_per_pixel, self.bits_allocated, self.bits_stored,
+                self.pixel_representation))
             return frame
         except StreamError as e:
             raise DicomError(

@@ -399,6 +399,12 @@ def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
         src = ds
     if src is None:
         return 1.0, 0.0
+    for keyword in ("RescaleSlope", "RescaleIntercept"):
+        value = src.get(keyword)
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) > 1:
+            # VM 1: taking the first of "-1024\\0" would be a guess at what the writer meant
+            raise DicomError(f"{tag_name(keyword)} has {len(value)} values; it takes exactly one",
+                             field=f"dicom.{keyword}")
     slope = _float_or_none(src.get("RescaleSlope", 1.0))
     intercept = _float_or_none(src.get("RescaleIntercept", 0.0))
     if slope is None or slope == 0.0 or abs(slope) > _FLOAT32_MAX:
@@ -411,8 +417,13 @@ def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
 
 
 def rescale_given(ds: Dataset, index: int) -> bool:
-    """Whether frame ``index`` has a Rescale Intercept of its own (top level, or its functional group's)."""
-    return "RescaleIntercept" in ds or _functional_item(ds, index, "PixelValueTransformationSequence") is not None
+    """Whether frame ``index``'s rescale (its functional group's item, else the top level) has a Rescale Intercept.
+
+    The item is what :func:`rescale_for` reads: an item without the intercept (type 1 there) was taken as giving
+    one, and its frames were read with intercept 0, every value 1024 HU too high (held-out review, session 19).
+    """
+    item = _functional_item(ds, index, "PixelValueTransformationSequence")
+    return "RescaleIntercept" in (item if item is not None else ds)
 
 
 def window_for(ds: Dataset, index: int) -> tuple[float, float] | None:

@@ -38,6 +38,8 @@ class _AcceptFile(Schema, frozen=True):
     modalities: Names | None = None  # (0008,0060) values; unset = any
     sop_classes: Names | None = None  # UIDs or pydicom keywords; unset = any
     colour: Literal["reject", "luminance"] = "reject"
+    min_size: Annotated[int, Meta(ge=1, le=65535)] = 1  # Rows and Columns at least this
+    max_aspect: Annotated[float, Meta(ge=1.0, le=65535.0)] | None = None  # longer side / shorter side; unset = any
 
 
 class _PipelineFile(Schema, frozen=True):
@@ -65,6 +67,8 @@ def _accept(raw: _AcceptFile, where: str) -> Accept:
         sop_classes=(frozenset(_sop_class_uid(v, f"{where} accept.sop_classes[{i}]") for i, v in enumerate(sop_classes))
                      if sop_classes is not None else None),
         colour=raw.colour,
+        min_size=raw.min_size,
+        max_aspect=raw.max_aspect,
     )
 
 

@@ -70,6 +70,8 @@ class Accept:
     modalities: frozenset[str] | None  # (0008,0060) values; None = any
     sop_classes: frozenset[str] | None  # UIDs; None = any image class
     colour: str  # "reject" or "luminance"
+    min_size: int = 1  # Rows and Columns at least this
+    max_aspect: float | None = None  # longer side / shorter side at most this; None = any
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class Pipeline:
     def check(self, inst: DicomInstance) -> None:
         """Raise :class:`NotApplicable` (naming the tag) unless this pipeline can use ``inst``.
 
-        Checks, in order: SOP class, modality and colour against ``[accept]``.
+        Checks, in order: SOP class, modality, colour and size against ``[accept]``.
         """
         acc = self.accept
         if acc.sop_classes is not None and inst.sop_class_uid not in acc.sop_classes:
@@ -113,6 +115,16 @@ class Pipeline:
                 f"{tag_name('PhotometricInterpretation')} {inst.photometric!r} is colour; pipeline "
                 f"{self.name!r} needs grayscale (MONOCHROME1/MONOCHROME2)"
             )
+        # a 1 x 512 or 2 x 4096 "CT" was stretched to the model's input and scored with confidence (held-out review,
+        # session 19): an image this small or this long is not what the pipeline's model was trained on
+        size = f"{tag_name('Rows')} x {tag_name('Columns')} = {inst.rows} x {inst.columns}"
+        if min(inst.rows, inst.columns) < acc.min_size:
+            raise NotApplicable(f"{size} is smaller than pipeline {self.name!r} accepts (at least {acc.min_size} "
+                                f"x {acc.min_size})")
+        aspect = max(inst.rows, inst.columns) / max(min(inst.rows, inst.columns), 1)
+        if acc.max_aspect is not None and aspect > acc.max_aspect:
+            raise NotApplicable(f"{size} is {aspect:.3g} times longer than it is wide; pipeline {self.name!r} "
+                                f"accepts at most {acc.max_aspect:g}")
 
     def run(self, inst: DicomInstance, frame: int, out: np.ndarray) -> FrameInfo:
         """Decode frame ``frame`` of ``inst``, apply the steps, and write float32 into ``out``.

@@ -133,6 +133,14 @@ def _step_modality_lut(fr: Frame, params: ModalityLut) -> None:
     if fr.colour or fr.inst.pixel_keyword != "PixelData":
         return  # colour has no modality LUT; float pixel data is already in real-world units
     lut = fr.inst.modality_lut
+    if lut is not None and fr.inst.modality == "CT":
+        # LUT Data is unsigned, so the table cannot give air (-1000 HU) or any value below 0: an identity table
+        # typed HU was windowed as HU and scored (held-out review, session 19). The CT Image module has no Modality
+        # LUT; its rescale is type 1 (PS3.3 C.8.2.1)
+        raise DicomError(f"{tag_name('ModalityLUTSequence')} in a CT image: its {tag_name('LUTData')} is unsigned, "
+                         "so it cannot give Hounsfield units below 0 (air is -1000 HU); CT needs "
+                         f"{tag_name('RescaleIntercept')} and {tag_name('RescaleSlope')}",
+                         field="dicom.ModalityLUTSequence")
     if lut is not None:
         first, table = lut
         idx = np.subtract(fr.stored, first, dtype=np.int64)
@@ -146,10 +154,30 @@ def _step_modality_lut(fr: Frame, params: ModalityLut) -> None:
                          f"({tag_name('PixelRepresentation')} = 0), so they are not Hounsfield units without it "
                          "(air is -1000 HU); PS3.3 C.8.2.1 requires it for CT", field="dicom.RescaleIntercept")
     slope, intercept = fr.inst.rescale(fr.index)
+    if fr.inst.modality == "CT" and (slope, intercept) != (1.0, 0.0):
+        _check_hounsfield(fr, slope, intercept)
     if slope != 1.0:
         np.multiply(fr.image, np.float32(slope), out=fr.image)
     if intercept != 0.0:
         np.add(fr.image, np.float32(intercept), out=fr.image)
+
+
+#: Hounsfield units a CT value may take after its rescale: air is -1000, padding down to -32768 plus an intercept,
+#: metal on an extended scale some tens of thousands. Far outside, the slope or intercept is not a CT's.
+HU_RANGE = (-65536.0, 131072.0)
+
+
+def _check_hounsfield(fr: Frame, slope: float, intercept: float) -> None:
+    """Refuse a CT frame whose rescaled values cannot be Hounsfield units.
+
+    Held-out review, session 19: a slope of 1e30 scored nodule 0.9427, an intercept of 1e38 no_nodule 0.9943.
+    """
+    lo, hi = float(fr.stored.min()), float(fr.stored.max())
+    ends = (lo * slope + intercept, hi * slope + intercept)
+    if min(ends) < HU_RANGE[0] or max(ends) > HU_RANGE[1]:
+        raise DicomError(f"{tag_name('RescaleSlope')} = {slope:g} and {tag_name('RescaleIntercept')} = {intercept:g} "
+                         f"take this CT's stored values {lo:g} .. {hi:g} to {min(ends):g} .. {max(ends):g}, outside "
+                         f"any Hounsfield scale ({HU_RANGE[0]:g} .. {HU_RANGE[1]:g})", field="dicom.RescaleSlope")
 
 
 def _step_window(fr: Frame, params: Window) -> None:

@@ -57,4 +57,6 @@ def test_still_serving_after_corpus(server) -> None:
     status = pb_grpc.InferenceStub(channel).GetStatus(pb.GetStatusRequest())
     assert status.state in ("SERVING", "DEGRADED")
     assert status.status_counts.get("INTERNAL", 0) == 0
-    assert status.status_counts.get("OK", 0) >= 10
+    # CT_small.dcm, 693_J2KI.dcm and J2K_pixelrep_mismatch.dcm; the eleven 16 x 16 CT slices of pydicom's
+    # DICOMDIR series are NOT_APPLICABLE since session 19 (the pipelines accept 64 x 64 and up)
+    assert status.status_counts.get("OK", 0) >= 3

@@ -96,7 +96,7 @@ REFERENCE = [
         "modality-lut-sequence",
         [M, W(25, 40), R],
         A([[0, 1], [2, 5]]),
-        {"ModalityLUTSequence": _lut_sequence()},
+        {"ModalityLUTSequence": _lut_sequence(), "modality": "MR"},  # a CT's is refused (its LUT Data is unsigned)
         [[0.125, 0.375], [0.625, 0.875]],
     ),
     (
@@ -293,7 +293,7 @@ CONFIG_ERRORS = [
         "accept-unknown-key",
         'colour = "reject"',
         'colour = "reject"\nbody_parts = ["CHEST"]',
-        ["key accept.body_parts: unknown key", "known: colour, modalities, sop_classes"],
+        ["key accept.body_parts: unknown key", "known: colour, max_aspect, min_size, modalities, sop_classes"],
     ),
     ("accept-colour", 'colour = "reject"', 'colour = "keep"',
      ["key accept.colour: expected one of 'luminance', 'reject', got 'keep'"]),

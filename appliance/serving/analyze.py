@@ -247,6 +247,14 @@ class RequestPath:
         await self._wait(done, request, None)
         return [dict(item.outputs or {}) for item in request.items]
 
+    def _check_still_admitting(self) -> None:
+        """The admission check for a call already inside the path: a drain lets it finish (it checked at the door)."""
+        try:
+            self._check_admitting()
+        except Unavailable as e:
+            if e.reason != "DRAINING":
+                raise
+
     def _keep_free(self, source: str, priority: Priority) -> Keep:
         """The inbox slots a request must leave free, for whom, and the reason a refusal for them gives.
 
@@ -308,7 +316,7 @@ class RequestPath:
                 raise Unavailable("client cancelled", reason="CANCELLED")
             request.set_frames(n_frames, sop_uid)
             try:
-                self._check_admitting()
+                self._check_still_admitting()
                 self.batcher.reserve(request, keep_free=keep_free, kept_for=kept_for, kept_reason=kept_reason)
             except BaseException:
                 request.set_frames(0)  # never admitted: a late cancel has nothing to free

@@ -46,6 +46,7 @@ from appliance.serving.notify import Notifier, SystemdNotifier, Watchdog
 from appliance.serving.server import InferenceServicer
 from appliance.serving.status import status_pb
 from appliance.serving.thermal_loop import ThermalLoop, build_thermal
+from appliance.thermal.control import HealthAction, health_action
 from appliance.thermal_control import ThermalController
 from appliance.workers.arena import SlotArena
 from appliance.workers.child import WorkerSpec
@@ -183,7 +184,8 @@ class App:
             ServiceState.STARTING: "WARMING_UP",
             ServiceState.DRAINING: "DRAINING",
         }.get(state, "THERMAL_PAUSE" if self.health.reason.startswith("thermal") else "NOT_SERVING")
-        raise Unavailable(f"service is {state.value.lower()}: {self.health.reason}", reason=reason)
+        word, why = state.value.lower(), self.health.reason
+        raise Unavailable(f"service is {word}" + (f": {why}" if why and why != word else ""), reason=reason)
 
     def status_pb(self) -> pb.Status:
         """The detailed status (GetStatus, `appliance health --json`)."""
@@ -335,7 +337,13 @@ class App:
             elif not stuck and self.health.state == ServiceState.NOT_SERVING and self.health.reason.startswith(
                 "stalled"
             ):
-                await self.health.set_serving()
+                # the thermal verdict decides what follows a stall: a GPU lost while its reads hung was SERVING
+                # for a second between the two (held-out review, session 19)
+                action, why = health_action(self.thermal.snapshot())
+                if action in (HealthAction.PAUSE, HealthAction.STOP):
+                    await self.health.set_not_serving(why)
+                else:
+                    await self.health.set_serving()
             await asyncio.sleep(0.5)
 
     def _heartbeat(self) -> float:
@@ -375,9 +383,11 @@ class App:
         """
         grace = self.config.server.grace_s if grace_s is None else grace_s
         if self.health is not None:
-            await self.health.set_draining()
-        self.batcher.stop_accepting()
+            await self.health.set_draining()  # new calls are refused at the request path's door from here on
+        # calls already inside it go on to the workers and the inbox: refused there, requests that arrived before the
+        # SIGTERM were answered DRAINING with 9.9 s of the grace left (held-out review, session 19)
         finished = await self.path.wait_idle(max(0.0, grace - 0.5))
+        self.batcher.stop_accepting()
         if not finished:
             left = self.path.fail_all(Unavailable(
                 f"the service is shutting down and this request did not finish within the grace period "

@@ -9,8 +9,9 @@ service NOT_SERVING (docs/robustness.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Any
 
 from appliance.batching.batcher import Batcher, Pacer
@@ -74,7 +75,8 @@ class ThermalLoop:
         self.period_s = period_s
         self.stopped = False  # the GPU was lost: terminal until systemd restarts us
         self.tick = clock.monotonic()  # last time a period completed (liveness follows it)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="thermal")
+        # a read that has not answered by then is a failed read (controller.tick_missing); NVML answers in ms
+        self.read_timeout_s = period_s + 0.5
 
     async def run(self, health: HealthState) -> None:
         """Once per period: sample (off the event loop: NVML can stall), pace, export, follow with health.
@@ -85,9 +87,21 @@ class ThermalLoop:
         """
         loop = asyncio.get_running_loop()
         thermal = self.controller
+        pending: asyncio.Future[None] | None = None  # the read in its thread
         while True:
             if thermal.enabled:
-                await loop.run_in_executor(self._executor, thermal.tick_safely)
+                if pending is None:
+                    pending = self._read(loop)
+                done, _ = await asyncio.wait({pending}, timeout=self.read_timeout_s)
+                if pending in done:
+                    finished, pending = pending, None
+                    finished.result()  # what escaped tick_safely ends the loop (died() paces at the blind duty)
+                else:
+                    # the read hangs (an NVML call can block for seconds): without this the pacer kept the last
+                    # duty, full on a cool start, until the watchdog fired 45 s later, and the die reached
+                    # 78.5 °C (held-out review, session 19). No second read starts while it hangs
+                    log.warning("thermal read has not answered in %.1f s: a failed read", self.read_timeout_s)
+                    thermal.tick_missing("timeout")
             snap = thermal.snapshot()
             self.pacer.set_duty(thermal.duty)
             self.metrics.observe_thermal(snap)
@@ -104,7 +118,32 @@ class ThermalLoop:
             self.metrics.queue_capacity.set(queue.capacity)
             self.metrics.up.set(1 if health.state == ServiceState.SERVING else 0)
             self.tick = self.clock.monotonic()
-            await asyncio.sleep(self.period_s if snap.enabled else max(self.period_s, 1.0))
+            if pending is None:  # while a read hangs, its wait is the period
+                await asyncio.sleep(self.period_s if snap.enabled else max(self.period_s, 1.0))
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """One sample in a daemon thread of its own.
+
+        A read that never returns cannot hold the process at exit: a pool thread made the exit wait 26 s for a hung
+        NVML call (held-out review, session 19).
+        """
+        future: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(None)
+
+        def work() -> None:
+            error: BaseException | None = None
+            try:
+                self.controller.tick_safely()
+            except BaseException as e:  # noqa: BLE001 - delivered to the loop, which dies of it (died() paces blind)
+                error = e
+            with contextlib.suppress(RuntimeError):  # the event loop closed meanwhile
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=work, name="thermal-read", daemon=True).start()
+        return future
 
     def died(self, task: asyncio.Task[None], health: HealthState | None) -> None:
         """A dead thermal loop is a fault: pace at the safe blind duty, NOT_SERVING (docs/robustness.md)."""
@@ -118,6 +157,5 @@ class ThermalLoop:
             asyncio.ensure_future(health.set_not_serving(f"thermal loop died: {type(error).__name__}"))
 
     def close(self) -> None:
-        """Close the sensor and the sampling thread."""
+        """Close the sensor (a read still in its thread ends with the process)."""
         self.controller.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)

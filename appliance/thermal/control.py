@@ -182,6 +182,18 @@ class ThermalController:
                 self._errors["read_error"] += 1
                 return self.governor.update(self.clock.monotonic(), None, error="read_error")
 
+    def tick_missing(self, error: str = "timeout") -> float:
+        """A read that has not answered in time: a failed read for the governor (HOLDING, then BLIND).
+
+        The daemon's loop calls it while a read hangs in its thread (an NVML call can block for seconds); the
+        governor then holds the last duty for at most ``hold_s`` and goes to the blind duty, as for any read error.
+        """
+        if not self._enabled:
+            return self.duty
+        with self._lock:
+            self._errors[error] += 1
+            return self.governor.update(self.clock.monotonic(), None, error=error)
+
     def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
         """Tick every ``period_s`` on the clock until ``stop`` is set (for a daemon thread)."""
         while not stop.is_set():

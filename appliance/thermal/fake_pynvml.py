@@ -16,6 +16,7 @@ function's signature (tests/unit/test_fake_pynvml.py compares them). Script it t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,9 @@ class FakePynvml(_Module):
         self.fail: dict[str, int] = {}
         self.fail_once: dict[str, int] = {}
         self.missing: set[str] = set()
+        # call name -> an event the call waits for before it answers: a driver call that blocks (a GPU falling off
+        # the bus, a busy driver) as the real library's can, for seconds
+        self.block: dict[str, threading.Event] = {}
         uint = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
         # field id -> (valueType, value); T.Limit fields and average/instant power (mW)
         self.fields: dict[int, tuple[int, float]] = {
@@ -83,6 +87,9 @@ class FakePynvml(_Module):
     # ---------------------------------------------------------------- plumbing
     def _call(self, name: str) -> None:
         self.calls.append(name)
+        gate = self.block.get(name)
+        if gate is not None:
+            gate.wait()
         if name in self.missing:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if not self.initialized:

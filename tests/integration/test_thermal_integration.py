@@ -4,6 +4,7 @@ health names and `appliance health` exit codes; the simulated plant via `serve -
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,3 +141,27 @@ def test_lost_gpu_answers_queued_work_and_stops_the_watchdog(models_dir: Path) -
             running.result()  # the batch already on the engine finishes
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         assert app.app._heartbeat() == float("-inf")  # WATCHDOG=1 stops: systemd restarts the service
+
+
+def test_a_read_that_hangs_is_a_failed_read_and_the_pacer_goes_blind(models_dir: Path) -> None:
+    """Held-out review, session 19: the loop awaited each read without a bound, so an NVML call that hung kept the
+    pacer at its last duty (full, on a cool start) until the watchdog fired some 45 s later; on a hot plant the die
+    reached 78.5 °C. A read that has not answered within its period is now a failed read: HOLDING, then BLIND."""
+    nvml = FakePynvml(temperature=55)
+    with nvml_app(models_dir, nvml) as app:
+        assert _status(app.target).thermal.duty == 1.0
+        gate = threading.Event()
+        before = nvml.calls.count("nvmlDeviceGetTemperatureV")
+        nvml.block["nvmlDeviceGetTemperatureV"] = gate  # the next read does not answer
+        try:
+            _until(lambda: _status(app.target).thermal.state == "BLIND", 15)
+            status = _status(app.target)
+            assert status.thermal.duty <= ThermalConfig().blind_duty + 1e-6
+            assert app.app.pacer.duty <= ThermalConfig().blind_duty + 1e-6
+            assert _health(app.target, "appliance.v1.Inference") == health_pb2.HealthCheckResponse.SERVING
+            assert _health(app.target, "appliance.thermal") == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert nvml.calls.count("nvmlDeviceGetTemperatureV") - before == 1  # no second read piles up behind it
+        finally:
+            gate.set()
+        del nvml.block["nvmlDeviceGetTemperatureV"]
+        _until(lambda: _status(app.target).thermal.state != "BLIND", 20)  # it answers again: recovers

@@ -141,3 +141,25 @@ def test_old_import_paths_still_work() -> None:
     assert Old is FakePynvml and callable(commission) and callable(main) and callable(make_thermometer)
     assert ThermalController.__module__ == "appliance.thermal.control"
     assert Governor(ThermalConfig()).update(0.0, 50.0, power_w=None, busy=None) == 1.0
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption",
+                                  "nvmlDeviceGetCurrentClocksEventReasons"])
+def test_an_exception_that_is_not_nvmls_drops_that_value_only(call: str, caplog) -> None:
+    """Held-out review, session 19: an OSError from the power call made the whole sample a failed read, and the
+    governor went BLIND with a good 65 °C reading."""
+    nv = FakePynvml(temperature=65)
+    therm = NvmlThermometer(0, nv)
+
+    def broken(handle: object) -> int:
+        raise OSError("driver ioctl failed")
+
+    setattr(nv, call, broken)
+    with caplog.at_level("WARNING"):
+        first, second = therm.read(), therm.read()
+    for reading in (first, second):
+        assert reading.error is None and reading.temp_c == 65.0
+    field = {"nvmlDeviceGetPowerUsage": "power_w", "nvmlDeviceGetTotalEnergyConsumption": "energy_j",
+             "nvmlDeviceGetCurrentClocksEventReasons": "clock_reasons"}[call]
+    assert getattr(first, field) is None
+    assert caplog.text.count(f"NVML {call} raised OSError (not an NVML error)") == 1  # said once

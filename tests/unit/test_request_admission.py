@@ -282,3 +282,21 @@ def test_batch_requests_leave_room_in_the_inbox_for_interactive_ones(fake_manife
                       admit=lambda n, uid: [], fail=lambda e: None)
     assert len(path._admit(interactive, 2, "1.2.4", *path._keep_free("other", Priority.INTERACTIVE))) == 2
     assert path.batcher.statistics().depth == 8
+
+
+def test_a_call_inside_the_path_when_a_drain_begins_is_still_admitted(fake_manifest: Any) -> None:
+    """Held-out review, session 19: a request whose file a worker was parsing when SIGTERM came was answered
+    DRAINING with 9.9 s of the grace left; only calls that arrive after it are refused (at the path's door)."""
+    path = _path(fake_manifest)
+    state = {"reason": "DRAINING"}
+
+    def check_admitting() -> None:
+        raise Unavailable("service is draining", reason=state["reason"])
+
+    path._check_admitting = check_admitting
+    assert len(path._admit(_job("inside"), 2, "1.2.3", keep_free=0)) == 2
+    state["reason"] = "THERMAL_PAUSE"  # any other refusal still holds for it
+    with pytest.raises(Unavailable, match="draining"):
+        path._admit(_job("paused"), 1, "1.2.4", keep_free=0)
+    with pytest.raises(Unavailable):
+        asyncio.run(path.analyze(b"DICM", request_id="late", pipeline="stub"))  # a new call: refused at the door

@@ -200,10 +200,12 @@ class Inbox:
             wait = self.expected_wait_s(n, fastest=True)
             if now + wait > request.deadline:
                 self._reject("DEADLINE_UNMEETABLE")
+                queued = self.statistics().depth > 0
                 raise Overloaded(
                     f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms exceeds the "
-                    f"{max(0.0, request.deadline - now) * 1000:.0f} ms left",
-                    retry_after_s=wait,
+                    f"{max(0.0, request.deadline - now) * 1000:.0f} ms left"
+                    + ("" if queued else f"; nothing is queued: a deadline under {wait * 1000:.0f} ms cannot be met"),
+                    retry_after_s=wait if queued else None,  # a retry with the same deadline would fail again
                     reason="DEADLINE_UNMEETABLE",
                 )
         with self._cond:

@@ -187,9 +187,13 @@ class WorkerGate:
         left = deadline - self.clock.monotonic()
         if wait > left:
             self.batcher.count_rejection("DEADLINE_UNMEETABLE")
+            queued = ahead > 0 or self.batcher.statistics().depth > 0
             raise Overloaded(
                 f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms ({ahead} requests ahead for a "
-                f"preprocessing worker) exceeds the {max(0.0, left) * 1000:.0f} ms left",
-                retry_after_s=wait,
+                f"preprocessing worker) exceeds the {max(0.0, left) * 1000:.0f} ms left"
+                + ("" if queued else f"; nothing is queued: a deadline under {wait * 1000:.0f} ms cannot be met"),
+                # with nothing ahead, a retry with the same deadline fails again: no RetryInfo to loop on (held-out
+                # review, session 19)
+                retry_after_s=wait if queued else None,
                 reason="DEADLINE_UNMEETABLE",
             )

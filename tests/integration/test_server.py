@@ -623,3 +623,32 @@ def test_a_sop_instance_uid_without_uid_syntax_is_not_echoed_in_the_reply(stub, 
     streamed = list(stub.AnalyzeStream(iter([pb.AnalyzeRequest(dicom=buf.getvalue())]), timeout=10))
     assert [r.status.code for r in streamed] == [0] and streamed[0].sop_instance_uid == ""
     assert uid not in str(reply) + str(streamed)
+
+
+def test_every_stream_item_is_counted_once_even_one_that_ends_waiting_for_the_window(models_dir, slice_bytes) -> None:
+    """Held-out review, session 19: items that ended while waiting for the stream's frame window were journalled but
+    not counted: 64 DEADLINE_EXCEEDED lines in the log, 3 in appliance_requests_total and GetStatus."""
+    gate = threading.Event()
+    app = _gated_app(models_dir, gate)  # 8 slots: a stream's window is 4 frames, and no batch finishes
+    try:
+        with grpc.insecure_channel(app.target) as ch:
+            stub = pb_grpc.InferenceStub(ch)
+            before = sum(stub.GetStatus(pb.GetStatusRequest(), timeout=5).status_counts.values())
+            # 8 items: all read (a stream holds up to twice its window), 4 in the window, 4 waiting for it
+            requests = [pb.AnalyzeRequest(dicom=slice_bytes, request_id=f"w{i}") for i in range(8)]
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.AnalyzeStream(iter(requests), timeout=1.5))
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            gate.set()
+
+            def counted() -> int:
+                return sum(stub.GetStatus(pb.GetStatusRequest(), timeout=5).status_counts.values()) - before
+
+            deadline = time.monotonic() + 10
+            while counted() < 8 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)
+            assert counted() == 8, stub.GetStatus(pb.GetStatusRequest(), timeout=5).status_counts  # one each
+    finally:
+        gate.set()
+        app.stop()

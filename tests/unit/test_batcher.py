@@ -331,6 +331,7 @@ def test_deadline_that_cannot_be_met_is_refused_at_admission(h):
     with pytest.raises(Overloaded) as e:
         h.admit([0.1], deadline_in=0.2)
     assert e.value.reason == "DEADLINE_UNMEETABLE"
+    assert e.value.retry_after_s is None  # nothing queued: retrying with the same deadline cannot help
     assert h.batcher.statistics().rejected == 1 and h.batcher.statistics().depth == 0
 
 

@@ -264,6 +264,8 @@ def test_a_deadline_too_near_for_the_requests_ahead_at_the_workers_is_refused_at
     asyncio.run(path._gate.room(now + 1.0, wait=False, priority=Priority.BATCH, source="a"))  # 0.85 s: it may
     path.pool.ahead = lambda priority, source: 0  # type: ignore[method-assign]
     asyncio.run(path._gate.room(now + 0.06, wait=False, source="a"))  # idle: 20 ms + 30 ms
+    idle = asyncio.run(refused(0.04))  # nothing queued: a retry with the same deadline fails again (session 19)
+    assert idle.retry_after_s is None and "nothing is queued: a deadline under 50 ms cannot be met" in str(idle)
     asyncio.run(path._gate.room(now + 0.04, wait=True, source="a"))  # a stream's item waits for room instead
 
 

@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 _SECONDARY_RETRY_READS = 300
 
 _KINDS: dict[str, tuple[str, str]] = {
-    "UNINITIALIZED": ("uninitialized", "NVML not initialised (library unloaded?); treated as a read error"),
+    "UNINITIALIZED": ("uninitialized", "NVML not initialised (shut down by another user?): a read error; NVML is "
+                      "opened again after a few"),
+    "INVALID_ARGUMENT": ("stale_handle", "the device handle is not valid any more (GPUs renumbered?): a read error; "
+                         "NVML is opened again after a few"),
     "NOT_SUPPORTED": ("not_supported", "query not supported on this GPU: drop that feature"),
     "NO_PERMISSION": ("no_permission", "needs root: disable the root-only actuator"),
     "DRIVER_NOT_LOADED": ("lost", "NVIDIA driver not loaded (at start: no GPU; later: GPU gone)"),
@@ -50,6 +53,11 @@ NVML_ERRORS: dict[int, tuple[str, str, str]] = {
 ``lost``/``reset_required``; every other kind of a failed temperature read is a read error."""
 
 _LOST = ("lost", "reset_required")
+
+#: Failed reads in a row of these kinds after which NVML is initialised again and the device handle taken anew: left
+#: alone, the governor stayed BLIND for good though NVML would answer again (held-out review, session 19).
+_STALE = ("uninitialized", "stale_handle")
+_REOPEN_AFTER = 3
 
 # nvmlValueType_t -> the member of the c_nvmlValue_t union that holds the value
 _UNION_MEMBER: dict[int, str] = {
@@ -100,6 +108,7 @@ class NvmlThermometer(Thermometer):
         self._dropped: set[str] = set()
         self._retry_in: dict[str, int] = {}  # power / energy call -> reads until it is tried again
         self._odd_seen: set[str] = set()  # "call:ExceptionType" already logged
+        self._stale_reads = 0  # failed reads in a row of a _STALE kind
         self._open()
 
     # ----------------------------------------------------------------- setup
@@ -153,12 +162,28 @@ class NvmlThermometer(Thermometer):
         temp, error = self._read_temperature()
         if error in _LOST:
             return Reading(None, error=error)
+        self._stale_reads = self._stale_reads + 1 if error in _STALE else 0
+        if self._stale_reads >= _REOPEN_AFTER:
+            self._reopen(error or "")
+            return Reading(None, error=error)
         power = self._secondary("nvmlDeviceGetPowerUsage", 1e-3)
         energy = self._secondary("nvmlDeviceGetTotalEnergyConsumption", 1e-3)
         reasons = self._read_reasons()
         if "lost" in self._dropped:
             return Reading(None, error="lost")
         return Reading(temp, power, energy, reasons, error)
+
+    def _reopen(self, why: str) -> None:
+        """Initialise NVML again and take the device handle anew (by index, as at start)."""
+        self._stale_reads = 0
+        nv = self._nvml
+        try:
+            nv.nvmlInit()
+            self._handle = nv.nvmlDeviceGetHandleByIndex(self.index)
+        except nv.NVMLError as exc:
+            log.warning("NVML reads fail (%s); opening NVML again failed: %s", why, exc)
+            return
+        log.warning("NVML reads failed %d times in a row (%s); NVML opened again", _REOPEN_AFTER, why)
 
     def _read_temperature(self) -> tuple[float | None, str | None]:
         nv = self._nvml

@@ -163,3 +163,23 @@ def test_an_exception_that_is_not_nvmls_drops_that_value_only(call: str, caplog)
              "nvmlDeviceGetCurrentClocksEventReasons": "clock_reasons"}[call]
     assert getattr(first, field) is None
     assert caplog.text.count(f"NVML {call} raised OSError (not an NVML error)") == 1  # said once
+
+
+@pytest.mark.parametrize("how", ["shut down by another user", "stale handle"])
+def test_nvml_is_opened_again_after_reads_fail_as_uninitialised_or_with_a_stale_handle(how: str) -> None:
+    """Held-out review, session 19: after something else in the process shut NVML down (UNINITIALIZED), or with a
+    handle gone stale (INVALID_ARGUMENT), every read failed for good: BLIND at the blind duty for the life of the
+    process, though NVML would have answered again."""
+    nv = FakePynvml(temperature=61)
+    therm = NvmlThermometer(0, nv)
+    assert therm.read().temp_c == 61.0
+    if how == "shut down by another user":
+        nv.nvmlShutdown()
+    else:
+        nv.fail_once["nvmlDeviceGetTemperatureV"] = pynvml.NVML_ERROR_INVALID_ARGUMENT
+        nv.fail["nvmlDeviceGetTemperatureV"] = pynvml.NVML_ERROR_INVALID_ARGUMENT
+    errors = [therm.read().error for _ in range(3)]
+    assert errors[0] in ("uninitialized", "stale_handle") and len(set(errors)) == 1
+    nv.fail.clear()
+    assert nv.calls.count("nvmlInit") == 2  # opened again after the third failed read
+    assert therm.read().temp_c == 61.0

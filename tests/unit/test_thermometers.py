@@ -24,7 +24,7 @@ TEMPERATURE_ERRORS = [
     (16, "reset_required"),
     (27, "read_error"),
     (999, "unknown"),
-    (2, "read_error"),
+    (2, "stale_handle"),  # INVALID_ARGUMENT: a handle gone stale; NVML is opened again after a few (session 19)
 ]
 
 

@@ -157,7 +157,8 @@ class App:
             on_finished=self.metrics.count_request,
         )
         self.thermal = thermal or build_thermal(
-            config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name
+            config.thermal, self.clock, self.pacer.take_busy_fraction, gpu_engine="cuda" in engine_cls.name,
+            cuda_device=int(getattr(config.engine.options, "device_id", 0)),
         )
         self.thermal_loop = ThermalLoop(self.thermal, pacer=self.pacer, batcher=self.batcher, metrics=self.metrics,
                                         clock=self.clock, period_s=config.thermal.period_s)
@@ -450,6 +451,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT (drain, return 0) or an engine death (drain, return :data:`EX_RESTART`)."""
     # The daemon copies each request's bytes too; a few arenas and large blocks mapped keep its memory bounded
     keep_heap(config.workers.heap_keep_bytes, max_block=DAEMON_MAX_BLOCK, arenas=DAEMON_ARENAS)
+    # CUDA numbers GPUs in PCI order, as NVML does, so the thermometer watches the engine's GPU (nvml_index)
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     app = App(config, notifier=notifier)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from appliance.batching.batcher import Batcher, Pacer
@@ -24,20 +26,42 @@ from appliance.serving.metrics import Metrics
 from appliance.thermal.control import HealthAction, ThermalController, health_action
 from appliance.thermal.source import make_thermometer
 
-__all__ = ["ThermalLoop", "build_thermal", "nvml_missing"]
+__all__ = ["ThermalLoop", "build_thermal", "nvml_index", "nvml_missing"]
 
 log = logging.getLogger(__name__)
 
 
-def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False) -> ThermalController:
+def nvml_index(cuda_device: int = 0, env: Mapping[str, str] | None = None) -> int:
+    """The NVML index of CUDA device ``cuda_device``, which the engine runs on (the daemon orders CUDA by PCI bus).
+
+    NVML numbers GPUs in PCI order; CUDA by default puts the fastest first and follows ``CUDA_VISIBLE_DEVICES``.
+    On a box with two GPUs the governor watched NVML's first while the engine ran on another, unthrottled (held-out
+    review, session 19). :func:`appliance.serving.app.serve` sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is set;
+    a numeric ``CUDA_VISIBLE_DEVICES`` entry is then the NVML index itself. A UUID entry cannot be mapped here: the
+    device number is used, and a warning says so.
+    """
+    env = os.environ if env is None else env
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible or cuda_device >= len(visible):
+        return cuda_device
+    entry = visible[cuda_device]
+    if entry.isdigit():
+        return int(entry)
+    log.warning("CUDA_VISIBLE_DEVICES entry %r is not a number: the governor watches NVML index %d", entry, cuda_device)
+    return cuda_device
+
+
+def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engine: bool = False,
+                  cuda_device: int = 0) -> ThermalController:
     """Build the thermometer + governor + controller from ``[thermal]`` (already typed and checked at load).
 
-    With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled".
+    With a GPU engine, a missing sensor means BLIND (blind duty), never "disabled". The NVML thermometer watches
+    the GPU the engine runs on (:func:`nvml_index`).
     """
     sim = section.sim
     try:
         thermometer = make_thermometer(section.sensor, clock=clock, plant=sim.plant, sensor=sim.sensor_params(),
-                                       ambient_c=sim.ambient_c)
+                                       ambient_c=sim.ambient_c, index=nvml_index(cuda_device))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key thermal.sim: {e}") from e
     if section.sensor == "nvml" and not thermometer.available:  # asked for by name: not a quiet CPU-box default

@@ -462,3 +462,24 @@ def test_tls_files_without_tls_listen_name_what_is_missing() -> None:
         load_config(None, {"tls": {"cert_file": "/etc/hostname"}})
     with pytest.raises(ConfigError, match="tls.cert_file and tls.key_file are set"):
         load_config(None, {"tls": {"cert_file": "/etc/hostname", "key_file": "/etc/hostname"}})
+
+
+@pytest.mark.parametrize(("visible", "device", "index"), [
+    ("", 0, 0), ("", 1, 1), ("1", 0, 1), ("2,0", 1, 0), ("GPU-5f1c", 0, 0), ("3", 2, 2)])
+def test_the_thermometer_watches_the_gpu_the_engine_runs_on(visible: str, device: int, index: int) -> None:
+    """Held-out review, session 19: the governor always opened NVML index 0; with CUDA_VISIBLE_DEVICES=1 (or CUDA's
+    fastest-first order) the engine ran on another GPU, unthrottled, while an idle one was watched."""
+    from appliance.clock import ManualClock
+    from appliance.serving.app import build_thermal
+    from appliance.serving.thermal_loop import nvml_index
+    from appliance.thermal.fake_pynvml import FakePynvml
+
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **({"CUDA_VISIBLE_DEVICES": visible} if visible else {})}
+    assert nvml_index(device, env) == index
+    cfg = load_config(None, {"thermal": {"sensor": "nvml"}})
+    with mock.patch.dict(os.environ, env, clear=False), \
+            mock.patch("appliance.thermal.nvml.pynvml", FakePynvml(device_count=4)):
+        if not visible:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        controller = build_thermal(cfg.thermal, ManualClock(), lambda: 0.0, gpu_engine=True, cuda_device=device)
+    assert controller.thermometer.index == index  # type: ignore[attr-defined]

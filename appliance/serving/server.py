@@ -216,7 +216,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     @staticmethod
     def _priority(req: pb.AnalyzeRequest) -> Priority:
-        return Priority(req.priority) if req.priority in (0, 1) else Priority.BATCH
+        """The request's class; a value outside the enum (proto3 keeps unknown numbers) is refused, not guessed."""
+        if req.priority not in (0, 1):  # it was taken as BATCH silently (held-out review, session 19)
+            raise InputError(f"priority {req.priority} is not a Priority: INTERACTIVE (0) or BATCH (1)",
+                             field="priority")
+        return Priority(req.priority)
 
     # ---- RPCs -------------------------------------------------------------------------------------------
 
@@ -242,6 +246,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             raise
         except ApplianceError as e:
             self._finish(e.code, t0, request.request_id)
+            self.path.count_refused(e)  # refused before the path (an unknown priority); the path counts its own
             await context.abort_with_status(rpc_status.to_status(error_status(e)))
             raise AssertionError("unreachable") from None
         except Exception as e:  # noqa: BLE001 - last rung of the ladder: wrap, log, INTERNAL

@@ -652,3 +652,17 @@ def test_every_stream_item_is_counted_once_even_one_that_ends_waiting_for_the_wi
     finally:
         gate.set()
         app.stop()
+
+
+@pytest.mark.parametrize("priority", [2, 99, -5])
+def test_a_priority_outside_the_enum_is_refused_and_counted(stub, slice_bytes, priority: int) -> None:
+    """Held-out review, session 19: priority 99 or -5 (proto3 keeps unknown enum numbers) was taken as BATCH."""
+    before = stub.GetStatus(pb.GetStatusRequest(), timeout=5).status_counts.get("INVALID_ARGUMENT", 0)
+    request = pb.AnalyzeRequest(dicom=slice_bytes)
+    request.priority = priority  # type: ignore[assignment]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Analyze(request, timeout=10)
+    assert error_of(e.value) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"priority {priority} is not a Priority: INTERACTIVE (0) or BATCH (1)")
+    after = stub.GetStatus(pb.GetStatusRequest(), timeout=5).status_counts.get("INVALID_ARGUMENT", 0)
+    assert after == before + 1

@@ -46,7 +46,7 @@ JOURNAL_SOCKET = "/run/systemd/journal/socket"
 #: Logger name prefixes whose messages may quote DICOM values: only "<logger> <LEVEL> (text withheld)" is kept.
 DATA_LOGGERS = ("pydicom", "PIL", "pylibjpeg", "openjpeg", "libjpeg", "rle", "jpeg_ls", "py.warnings")
 #: ``extra=`` attributes sent as journald fields.
-STRUCTURED_FIELDS = {"request_id": "REQUEST_ID", "code": "CODE", "ms": "MS", "uid": "UID_HASH"}
+STRUCTURED_FIELDS = {"request_id": "REQUEST_ID", "code": "CODE", "ms": "MS", "uid": "UID_HASH", "reason": "REASON"}
 _QUIETED = (
     "pydicom", "PIL", "pylibjpeg", "openjpeg", "grpc", "asyncio", "urllib3", "matplotlib", "onnxruntime",
     "prometheus_client",

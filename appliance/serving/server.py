@@ -194,11 +194,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             status=pb.ItemStatus(code=0, message="OK"),
         )
 
-    def _finish(self, code: grpc.StatusCode, t0: float, request_id: str, analysis: Analysis | None = None) -> None:
+    def _finish(self, code: grpc.StatusCode, t0: float, request_id: str, analysis: Analysis | None = None,
+                reason: str = "") -> None:
         """One log line per answered request, whatever its outcome (the request path counts it for metrics).
 
         The request id is logged only once validated (printable, <= 64 characters), UIDs only hashed; under
-        systemd REQUEST_ID, CODE and MS become journal fields (docs/security.md).
+        systemd REQUEST_ID, CODE and MS become journal fields (docs/security.md), and REASON for a refusal (its
+        ErrorInfo reason: an SRE reading the journal could not tell QUEUE_FULL from INVALID_DICOM; session 19).
         """
         ms = (self.path.clock.monotonic() - t0) * 1000.0
         rid = loggable_id(analysis.request_id if analysis is not None else request_id)
@@ -206,6 +208,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         if analysis is not None:
             log.info("Analyze %s OK uid=%s frames=%d total=%.1fms", rid, self.log_uid(analysis.sop_instance_uid),
                      len(analysis.frames), ms, extra=extra)
+        elif reason:
+            log.info("Analyze %s %s reason=%s total=%.1fms", rid, code.name, reason, ms,
+                     extra={**extra, "reason": reason})
         else:
             log.info("Analyze %s %s total=%.1fms", rid, code.name, ms, extra=extra)
 
@@ -245,7 +250,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                          request.request_id)
             raise
         except ApplianceError as e:
-            self._finish(e.code, t0, request.request_id)
+            self._finish(e.code, t0, request.request_id, reason=e.reason)
             self.path.count_refused(e)  # refused before the path (an unknown priority); the path counts its own
             await context.abort_with_status(rpc_status.to_status(error_status(e)))
             raise AssertionError("unreachable") from None
@@ -292,13 +297,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)
             except ApplianceError as e:
-                self._finish(e.code, t0, rid)
+                self._finish(e.code, t0, rid, reason=e.reason)
                 # an item that ended waiting for the stream's window was journalled but not counted: 64 lines of
                 # DEADLINE_EXCEEDED against 3 in the metrics (held-out review, session 19)
                 self.path.count_refused(e)
                 safe_rid = rid if not isinstance(e, InputError) or e.field != "request_id" else ""
-                response = pb.AnalyzeResponse(request_id=safe_rid,
-                                              status=pb.ItemStatus(code=e.code.value[0], message=str(e)))
+                # the reason and field a unary call carries in its details: a stream client could not tell QUEUE_FULL
+                # (retry) from INVALID_DICOM (do not) without parsing the message (held-out review, session 19)
+                field = e.field if isinstance(e, InputError) else ""
+                response = pb.AnalyzeResponse(request_id=safe_rid, status=pb.ItemStatus(
+                    code=e.code.value[0], message=str(e), reason=e.reason, field=field or ""))
             except asyncio.CancelledError:  # the client left, or gRPC ended the stream at its deadline
                 left = context.time_remaining()
                 code = grpc.StatusCode.DEADLINE_EXCEEDED if left is not None and left <= DEADLINE_SLACK_S else (
@@ -311,8 +319,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             except Exception as e:  # noqa: BLE001
                 err = self._unexpected(e)
                 self._finish(err.code, t0, rid)
-                response = pb.AnalyzeResponse(request_id=rid,
-                                              status=pb.ItemStatus(code=code_pb2.INTERNAL, message=str(err)))
+                response = pb.AnalyzeResponse(request_id=rid, status=pb.ItemStatus(
+                    code=code_pb2.INTERNAL, message=str(err), reason=err.reason))
             finally:
                 await share.close()
             out.put_nowait(response)  # its permit is released once the reply is written

@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pydicom
 import pytest
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
@@ -136,15 +137,24 @@ def test_unknown_pipeline_is_not_found(stub, slice_bytes) -> None:
     assert "brain-mri" in e.value.details()
 
 
-def test_stream_replies_per_item_and_survives_failures(stub, slice_bytes) -> None:
+def test_stream_replies_per_item_and_survives_failures(stub, slice_bytes, caplog) -> None:
     requests = [pb.AnalyzeRequest(dicom=slice_bytes, request_id=f"s{i}") for i in range(6)]
     requests.insert(3, pb.AnalyzeRequest(dicom=b"garbage", request_id="bad"))
     replies = {r.request_id: r for r in stub.AnalyzeStream(iter(requests), timeout=30)}
     assert set(replies) == {f"s{i}" for i in range(6)} | {"bad"}
     assert replies["bad"].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert replies["bad"].status.message
+    # the reason and field a unary call carries in its details (held-out review, session 19: code and message only)
+    with caplog.at_level("INFO", logger="appliance.serving.server"), pytest.raises(grpc.RpcError) as unary:
+        stub.Analyze(pb.AnalyzeRequest(dicom=b"garbage", request_id="journal-reason"), timeout=10)
+    info = {d.type_url.rsplit(".", 1)[-1]: d for d in rpc_status.from_call(unary.value).details}
+    reason = error_details_pb2.ErrorInfo()
+    info["ErrorInfo"].Unpack(reason)
+    assert replies["bad"].status.reason == reason.reason != ""
+    assert replies["bad"].status.field == "dicom"
+    assert f"Analyze journal-reason INVALID_ARGUMENT reason={reason.reason} total=" in caplog.text  # the journal too
     for i in range(6):
-        assert replies[f"s{i}"].status.code == 0
+        assert replies[f"s{i}"].status.code == 0 and replies[f"s{i}"].status.reason == ""
         assert len(replies[f"s{i}"].frames) == 1
 
 

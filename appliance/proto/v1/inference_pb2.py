@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"appliance/proto/v1/inference.proto\x12\x0c\x61ppliance.v1\"o\n\x0e\x41nalyzeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x64icom\x18\x02 \x01(\x0c\x12\x10\n\x08pipeline\x18\x03 \x01(\t\x12(\n\x08priority\x18\x04 \x01(\x0e\x32\x16.appliance.v1.Priority\"\'\n\x07\x46inding\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"6\n\x08Location\x12\x0b\n\x03row\x18\x01 \x01(\x02\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x02\x12\r\n\x05score\x18\x03 \x01(\x02\"\x84\x01\n\x0b\x46rameResult\x12\x13\n\x0b\x66rame_index\x18\x01 \x01(\r\x12\'\n\x08\x66indings\x18\x02 \x03(\x0b\x32\x15.appliance.v1.Finding\x12(\n\x08location\x18\x03 \x01(\x0b\x32\x16.appliance.v1.Location\x12\r\n\x05lossy\x18\x04 \x01(\x08\"^\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x11\n\tprecision\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x12\n\nbatch_size\x18\x05 \x01(\r\"W\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x15\n\rpreprocess_ms\x18\x02 \x01(\x01\x12\x11\n\tengine_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"+\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xf2\x01\n\x0f\x41nalyzeResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10sop_instance_uid\x18\x02 \x01(\t\x12\x10\n\x08pipeline\x18\x03 \x01(\t\x12\"\n\x05model\x18\x04 \x01(\x0b\x32\x13.appliance.v1.Model\x12)\n\x06\x66rames\x18\x05 \x03(\x0b\x32\x19.appliance.v1.FrameResult\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.appliance.v1.Timings\x12(\n\x06status\x18\x07 \x01(\x0b\x32\x18.appliance.v1.ItemStatus\"\x12\n\x10GetStatusRequest\"C\n\x0bPercentiles\x12\x0b\n\x03p50\x18\x01 \x01(\x01\x12\x0b\n\x03p90\x18\x02 \x01(\x01\x12\x0b\n\x03p99\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\"\xa3\x01\n\x07Thermal\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\t\x12\x15\n\rtemperature_c\x18\x03 \x01(\x01\x12\x0c\n\x04\x64uty\x18\x04 \x01(\x01\x12\x1b\n\x13seconds_above_limit\x18\x05 \x01(\x01\x12\x15\n\rsensor_errors\x18\x06 \x01(\x04\x12\x0f\n\x07power_w\x18\x07 \x01(\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\"\xc3\x04\n\x06Status\x12\r\n\x05state\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12\"\n\x05model\x18\x03 \x01(\x0b\x32\x13.appliance.v1.Model\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x16\n\x0equeue_capacity\x18\x05 \x01(\r\x12\x37\n\nlatency_ms\x18\x06 \x03(\x0b\x32#.appliance.v1.Status.LatencyMsEntry\x12\x12\n\nbatch_fill\x18\x07 \x01(\x01\x12=\n\rstatus_counts\x18\x08 \x03(\x0b\x32&.appliance.v1.Status.StatusCountsEntry\x12&\n\x07thermal\x18\t \x01(\x0b\x32\x15.appliance.v1.Thermal\x12\x0f\n\x07version\x18\n \x01(\t\x12\x0f\n\x07\x62\x61tches\x18\x0b \x01(\x04\x12\x18\n\x10\x64\x65graded_reasons\x18\x0c \x03(\t\x12\x11\n\tpipelines\x18\r \x03(\t\x12\x18\n\x10\x64\x65\x66\x61ult_pipeline\x18\x0e \x01(\t\x12\x17\n\x0fworker_restarts\x18\x0f \x01(\x04\x12\x0f\n\x07workers\x18\x10 \x01(\r\x1aK\n\x0eLatencyMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.appliance.v1.Percentiles:\x02\x38\x01\x1a\x33\n\x11StatusCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*&\n\x08Priority\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01\x32\xe8\x01\n\tInference\x12\x46\n\x07\x41nalyze\x12\x1c.appliance.v1.AnalyzeRequest\x1a\x1d.appliance.v1.AnalyzeResponse\x12P\n\rAnalyzeStream\x12\x1c.appliance.v1.AnalyzeRequest\x1a\x1d.appliance.v1.AnalyzeResponse(\x01\x30\x01\x12\x41\n\tGetStatus\x12\x1e.appliance.v1.GetStatusRequest\x1a\x14.appliance.v1.Statusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"appliance/proto/v1/inference.proto\x12\x0c\x61ppliance.v1\"o\n\x0e\x41nalyzeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x64icom\x18\x02 \x01(\x0c\x12\x10\n\x08pipeline\x18\x03 \x01(\t\x12(\n\x08priority\x18\x04 \x01(\x0e\x32\x16.appliance.v1.Priority\"\'\n\x07\x46inding\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\"6\n\x08Location\x12\x0b\n\x03row\x18\x01 \x01(\x02\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\x02\x12\r\n\x05score\x18\x03 \x01(\x02\"\x84\x01\n\x0b\x46rameResult\x12\x13\n\x0b\x66rame_index\x18\x01 \x01(\r\x12\'\n\x08\x66indings\x18\x02 \x03(\x0b\x32\x15.appliance.v1.Finding\x12(\n\x08location\x18\x03 \x01(\x0b\x32\x16.appliance.v1.Location\x12\r\n\x05lossy\x18\x04 \x01(\x08\"^\n\x05Model\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x11\n\tprecision\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x12\n\nbatch_size\x18\x05 \x01(\r\"W\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x15\n\rpreprocess_ms\x18\x02 \x01(\x01\x12\x11\n\tengine_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"J\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\"\xf2\x01\n\x0f\x41nalyzeResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10sop_instance_uid\x18\x02 \x01(\t\x12\x10\n\x08pipeline\x18\x03 \x01(\t\x12\"\n\x05model\x18\x04 \x01(\x0b\x32\x13.appliance.v1.Model\x12)\n\x06\x66rames\x18\x05 \x03(\x0b\x32\x19.appliance.v1.FrameResult\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.appliance.v1.Timings\x12(\n\x06status\x18\x07 \x01(\x0b\x32\x18.appliance.v1.ItemStatus\"\x12\n\x10GetStatusRequest\"C\n\x0bPercentiles\x12\x0b\n\x03p50\x18\x01 \x01(\x01\x12\x0b\n\x03p90\x18\x02 \x01(\x01\x12\x0b\n\x03p99\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\"\xa3\x01\n\x07Thermal\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\r\n\x05state\x18\x02 \x01(\t\x12\x15\n\rtemperature_c\x18\x03 \x01(\x01\x12\x0c\n\x04\x64uty\x18\x04 \x01(\x01\x12\x1b\n\x13seconds_above_limit\x18\x05 \x01(\x01\x12\x15\n\rsensor_errors\x18\x06 \x01(\x04\x12\x0f\n\x07power_w\x18\x07 \x01(\x01\x12\x0e\n\x06reason\x18\x08 \x01(\t\"\xc3\x04\n\x06Status\x12\r\n\x05state\x18\x01 \x01(\t\x12\x10\n\x08uptime_s\x18\x02 \x01(\x01\x12\"\n\x05model\x18\x03 \x01(\x0b\x32\x13.appliance.v1.Model\x12\x13\n\x0bqueue_depth\x18\x04 \x01(\r\x12\x16\n\x0equeue_capacity\x18\x05 \x01(\r\x12\x37\n\nlatency_ms\x18\x06 \x03(\x0b\x32#.appliance.v1.Status.LatencyMsEntry\x12\x12\n\nbatch_fill\x18\x07 \x01(\x01\x12=\n\rstatus_counts\x18\x08 \x03(\x0b\x32&.appliance.v1.Status.StatusCountsEntry\x12&\n\x07thermal\x18\t \x01(\x0b\x32\x15.appliance.v1.Thermal\x12\x0f\n\x07version\x18\n \x01(\t\x12\x0f\n\x07\x62\x61tches\x18\x0b \x01(\x04\x12\x18\n\x10\x64\x65graded_reasons\x18\x0c \x03(\t\x12\x11\n\tpipelines\x18\r \x03(\t\x12\x18\n\x10\x64\x65\x66\x61ult_pipeline\x18\x0e \x01(\t\x12\x17\n\x0fworker_restarts\x18\x0f \x01(\x04\x12\x0f\n\x07workers\x18\x10 \x01(\r\x1aK\n\x0eLatencyMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.appliance.v1.Percentiles:\x02\x38\x01\x1a\x33\n\x11StatusCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*&\n\x08Priority\x12\x0f\n\x0bINTERACTIVE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01\x32\xe8\x01\n\tInference\x12\x46\n\x07\x41nalyze\x12\x1c.appliance.v1.AnalyzeRequest\x1a\x1d.appliance.v1.AnalyzeResponse\x12P\n\rAnalyzeStream\x12\x1c.appliance.v1.AnalyzeRequest\x1a\x1d.appliance.v1.AnalyzeResponse(\x01\x30\x01\x12\x41\n\tGetStatus\x12\x1e.appliance.v1.GetStatusRequest\x1a\x14.appliance.v1.Statusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUS_LATENCYMSENTRY']._serialized_options = b'8\001'
   _globals['_STATUS_STATUSCOUNTSENTRY']._loaded_options = None
   _globals['_STATUS_STATUSCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_PRIORITY']._serialized_start=1709
-  _globals['_PRIORITY']._serialized_end=1747
+  _globals['_PRIORITY']._serialized_start=1740
+  _globals['_PRIORITY']._serialized_end=1778
   _globals['_ANALYZEREQUEST']._serialized_start=52
   _globals['_ANALYZEREQUEST']._serialized_end=163
   _globals['_FINDING']._serialized_start=165
@@ -50,21 +50,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIMINGS']._serialized_start=493
   _globals['_TIMINGS']._serialized_end=580
   _globals['_ITEMSTATUS']._serialized_start=582
-  _globals['_ITEMSTATUS']._serialized_end=625
-  _globals['_ANALYZERESPONSE']._serialized_start=628
-  _globals['_ANALYZERESPONSE']._serialized_end=870
-  _globals['_GETSTATUSREQUEST']._serialized_start=872
-  _globals['_GETSTATUSREQUEST']._serialized_end=890
-  _globals['_PERCENTILES']._serialized_start=892
-  _globals['_PERCENTILES']._serialized_end=959
-  _globals['_THERMAL']._serialized_start=962
-  _globals['_THERMAL']._serialized_end=1125
-  _globals['_STATUS']._serialized_start=1128
-  _globals['_STATUS']._serialized_end=1707
-  _globals['_STATUS_LATENCYMSENTRY']._serialized_start=1579
-  _globals['_STATUS_LATENCYMSENTRY']._serialized_end=1654
-  _globals['_STATUS_STATUSCOUNTSENTRY']._serialized_start=1656
-  _globals['_STATUS_STATUSCOUNTSENTRY']._serialized_end=1707
-  _globals['_INFERENCE']._serialized_start=1750
-  _globals['_INFERENCE']._serialized_end=1982
+  _globals['_ITEMSTATUS']._serialized_end=656
+  _globals['_ANALYZERESPONSE']._serialized_start=659
+  _globals['_ANALYZERESPONSE']._serialized_end=901
+  _globals['_GETSTATUSREQUEST']._serialized_start=903
+  _globals['_GETSTATUSREQUEST']._serialized_end=921
+  _globals['_PERCENTILES']._serialized_start=923
+  _globals['_PERCENTILES']._serialized_end=990
+  _globals['_THERMAL']._serialized_start=993
+  _globals['_THERMAL']._serialized_end=1156
+  _globals['_STATUS']._serialized_start=1159
+  _globals['_STATUS']._serialized_end=1738
+  _globals['_STATUS_LATENCYMSENTRY']._serialized_start=1610
+  _globals['_STATUS_LATENCYMSENTRY']._serialized_end=1685
+  _globals['_STATUS_STATUSCOUNTSENTRY']._serialized_start=1687
+  _globals['_STATUS_STATUSCOUNTSENTRY']._serialized_end=1738
+  _globals['_INFERENCE']._serialized_start=1781
+  _globals['_INFERENCE']._serialized_end=2013
 # @@protoc_insertion_point(module_scope)

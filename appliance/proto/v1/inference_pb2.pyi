@@ -83,12 +83,16 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., preprocess_ms: _Optional[float] = ..., engine_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class ItemStatus(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "reason", "field")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    reason: str
+    field: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
 
 class AnalyzeResponse(_message.Message):
     __slots__ = ("request_id", "sop_instance_uid", "pipeline", "model", "frames", "timings", "status")

@@ -112,6 +112,7 @@ class ThermalLoop:
         loop = asyncio.get_running_loop()
         thermal = self.controller
         pending: asyncio.Future[None] | None = None  # the read in its thread
+        hung_since: float | None = None
         while True:
             if thermal.enabled:
                 if pending is None:
@@ -119,12 +120,18 @@ class ThermalLoop:
                 done, _ = await asyncio.wait({pending}, timeout=self.read_timeout_s)
                 if pending in done:
                     finished, pending = pending, None
+                    if hung_since is not None:
+                        log.warning("thermal read answered again after %.1f s", self.clock.monotonic() - hung_since)
+                        hung_since = None
                     finished.result()  # what escaped tick_safely ends the loop (died() paces at the blind duty)
                 else:
                     # the read hangs (an NVML call can block for seconds): without this the pacer kept the last
                     # duty, full on a cool start, until the watchdog fired 45 s later, and the die reached
                     # 78.5 °C (held-out review, session 19). No second read starts while it hangs
-                    log.warning("thermal read has not answered in %.1f s: a failed read", self.read_timeout_s)
+                    if hung_since is None:
+                        hung_since = self.clock.monotonic() - self.read_timeout_s
+                        log.warning("thermal read has not answered in %.1f s: a failed read each %.1f s until it "
+                                    "does", self.read_timeout_s, self.read_timeout_s)
                     thermal.tick_missing("timeout")
             snap = thermal.snapshot()
             self.pacer.set_duty(thermal.duty)

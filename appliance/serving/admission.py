@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from appliance.batching.batcher import Batcher
     from appliance.workers.pool import WorkerPool
 
-__all__ = ["ACTIVE_S", "BATCH_SHARE", "SENDER_SHARE", "ByteBudget", "Senders", "WorkerGate"]
+__all__ = ["ACTIVE_S", "BATCH_SHARE", "SENDER_SHARE", "ByteBudget", "Senders", "WorkerGate", "sender_of"]
 
 #: NOTE (sender share): while another sender is active, a sender that already has a file in flight is refused
 #: (or, on a stream, waits) at this fraction of the shared bounds -- requests waiting for a worker and inbox slots
@@ -37,6 +38,24 @@ SENDER_SHARE = 0.75
 ACTIVE_S = 5.0
 #: The share of the requests-waiting-for-a-worker bound that BATCH requests may fill; the rest is INTERACTIVE's.
 BATCH_SHARE = 0.75
+
+
+def sender_of(peer: str) -> str:
+    """The sender a gRPC peer counts as: a remote host, whatever its connections; a local peer, its connection.
+
+    A flooder that opened one connection per call was never "in flight twice", so it got around the sender share
+    and took turns as many senders (held-out review, session 18). A remote client is its host (``ipv4:10.0.0.5``,
+    ``ipv6:[fd00::5]``); a loopback or unix-socket peer stays one connection, since everything on the box itself
+    (a gateway, a probe, a test) shares one address.
+    """
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = urllib.parse.unquote(rest).rpartition(":")[0] or rest  # gRPC may write an IPv6 host as %5B::1%5D
+    bare = host.strip("[]")
+    if bare.startswith(("127.", "::1", "::ffff:127.")) or bare in ("localhost", "0:0:0:0:0:0:0:1"):
+        return peer
+    return f"{kind}:{host}"
 
 
 class Senders:

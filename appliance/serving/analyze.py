@@ -145,7 +145,7 @@ class RequestPath:
     ) -> Analysis:
         """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved.
 
-        ``source`` names the sender (the gRPC peer): queued files from different senders take turns for the
+        ``source`` names the sender (``admission.sender_of``): queued files from different senders take turns for the
         preprocessing workers (appliance.workers.jobqueue), so one sender's flood cannot hold back another's file.
         """
         t0 = self.clock.monotonic()

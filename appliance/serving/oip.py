@@ -37,6 +37,7 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded, Overload
 from appliance.privacy import MAX_REQUEST_ID, clip, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+from appliance.serving.admission import sender_of
 from appliance.serving.oip_wire import (
     ViewStats,
     deserialize_bytes,
@@ -202,10 +203,10 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             wanted = wanted_outputs(request, view, self._output_names(view))
             if view == self.tensor_view:
                 names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch,
-                                                          context.peer())
+                                                          sender_of(context.peer()))
             else:
                 names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch,
-                                                         context.peer())
+                                                         sender_of(context.peer()))
             response = make_response(request, view, self.analyzer.model.version, wanted, names, tensors)
         except asyncio.CancelledError:  # the client went away: journalled, then cancelled as gRPC asks
             self._journal(view, request_id, "CANCELLED", t0)

@@ -25,6 +25,7 @@ from appliance.errors import ApplianceError, DeadlineExceeded, InputError, Unava
 from appliance.privacy import hash_uid, reply_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
+from appliance.serving.admission import sender_of
 from appliance.serving.analysis import Analysis
 from appliance.serving.analyze import DEADLINE_SLACK_S, RequestPath
 
@@ -241,7 +242,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 pipeline=request.pipeline,
                 priority=self._priority(request),
                 time_remaining=context.time_remaining(),
-                source=context.peer(),
+                source=sender_of(context.peer()),
             )
         except asyncio.CancelledError:  # the client left, or gRPC ended the call at its deadline
             left = context.time_remaining()
@@ -292,7 +293,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 analysis = await self.path.analyze(
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
                     time_remaining=context.time_remaining(), admit_frames=share.take, wait_for_budget=True,
-                    source=context.peer(),
+                    source=sender_of(context.peer()),
                 )
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)

@@ -73,3 +73,26 @@ def test_senders_share_applies_only_while_another_sender_is_active() -> None:
     with senders.count(a):  # arriving again forgets the senders long gone
         assert list(senders._seen) == [a]
     assert not senders._in_flight
+
+
+@pytest.mark.parametrize(("peer", "sender"), [
+    ("ipv4:10.0.0.5:40000", "ipv4:10.0.0.5"), ("ipv4:10.0.0.5:40001", "ipv4:10.0.0.5"),
+    ("ipv6:[fd00::5]:443", "ipv6:[fd00::5]"), ("ipv6:%5Bfd00::5%5D:443", "ipv6:[fd00::5]"),
+    ("ipv6:[::ffff:10.0.0.9]:80", "ipv6:[::ffff:10.0.0.9]"),
+    ("ipv4:127.0.0.1:5000", "ipv4:127.0.0.1:5000"), ("ipv6:[::1]:5000", "ipv6:[::1]:5000"),
+    ("ipv6:%5B::1%5D:5000", "ipv6:%5B::1%5D:5000"), ("unix:", "unix:"), ("", "")])
+def test_a_remote_host_is_one_sender_whatever_its_connections(peer: str, sender: str) -> None:
+    """Held-out review, session 18: a flooder opening one connection per call was never in flight twice, so it got
+    around the sender share and took turns as many senders. Local peers stay one connection each."""
+    from appliance.serving.admission import sender_of
+
+    assert sender_of(peer) == sender
+
+
+def test_many_connections_from_one_host_share_one_senders_share() -> None:
+    from appliance.serving.admission import sender_of
+
+    senders = Senders(ManualClock(100.0))
+    flooder = [sender_of(f"ipv4:10.0.0.5:{40000 + i}") for i in range(3)]
+    with senders.count(flooder[0]), senders.count(sender_of("ipv4:10.0.0.7:5000")):
+        assert senders.share(flooder[1]) == SENDER_SHARE  # its second connection is the same sender, in flight

@@ -170,9 +170,26 @@ class Inbox:
         """
         with self._cond:
             depth = self.config.queue_capacity - len(self._free)
-        batches = math.ceil((depth + extra_items) / self.batch_size)
-        duty = max(self.pacer.duty, 0.05)
-        return batches * (self.batch_s_floor if fastest else self.batch_s_estimate) / duty
+        return math.ceil((depth + extra_items) / self.batch_size) * self.batch_wait_s(fastest=fastest)
+
+    def batch_wait_s(self, *, fastest: bool = False) -> float:
+        """Seconds one batch takes at the current duty (the fastest recent one with ``fastest``)."""
+        return (self.batch_s_floor if fastest else self.batch_s_estimate) / max(self.pacer.duty, 0.05)
+
+    def unmeetable(self, wait: float, left: float, ahead: str = "", *, queued: bool) -> Overloaded:
+        """Count and return the DEADLINE_UNMEETABLE refusal of a request ``wait`` s from done with ``left`` s left.
+
+        With nothing ``queued`` ahead of it, a retry with the same deadline fails again: no RetryInfo to loop on,
+        and the message gives the shortest deadline that could be met (held-out review, session 19).
+        """
+        self._reject("DEADLINE_UNMEETABLE")
+        return Overloaded(
+            f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms{ahead} exceeds the "
+            f"{max(0.0, left) * 1000:.0f} ms left"
+            + ("" if queued else f"; nothing is queued: a deadline under {wait * 1000:.0f} ms cannot be met"),
+            retry_after_s=wait if queued else None,
+            reason="DEADLINE_UNMEETABLE",
+        )
 
     def reserve(self, request: Request, *, keep_free: int = 0, kept_for: str = "other senders",
                 kept_reason: str = "SENDER_SHARE") -> None:
@@ -199,15 +216,7 @@ class Inbox:
         if request.deadline is not None:
             wait = self.expected_wait_s(n, fastest=True)
             if now + wait > request.deadline:
-                self._reject("DEADLINE_UNMEETABLE")
-                queued = self.statistics().depth > 0
-                raise Overloaded(
-                    f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms exceeds the "
-                    f"{max(0.0, request.deadline - now) * 1000:.0f} ms left"
-                    + ("" if queued else f"; nothing is queued: a deadline under {wait * 1000:.0f} ms cannot be met"),
-                    retry_after_s=wait if queued else None,  # a retry with the same deadline would fail again
-                    reason="DEADLINE_UNMEETABLE",
-                )
+                raise self.unmeetable(wait, request.deadline - now, queued=self.statistics().depth > 0)
         with self._cond:
             if self.dead is not None:
                 raise Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD")

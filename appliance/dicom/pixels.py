@@ -394,10 +394,8 @@ def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
     An enhanced multi-frame object carries them per frame (or shared); a top-level copy next to them is a leftover
     that the standard does not allow there, and it would give every frame the same values.
     """
-    src = _functional_item(ds, index, "PixelValueTransformationSequence")
-    if src is None and ("RescaleSlope" in ds or "RescaleIntercept" in ds):
-        src = ds
-    if src is None:
+    src = _rescale_source(ds, index)
+    if "RescaleSlope" not in src and "RescaleIntercept" not in src:
         return 1.0, 0.0
     for keyword in ("RescaleSlope", "RescaleIntercept"):
         value = src.get(keyword)
@@ -422,8 +420,16 @@ def rescale_given(ds: Dataset, index: int) -> bool:
     The item is what :func:`rescale_for` reads: an item without the intercept (type 1 there) was taken as giving
     one, and its frames were read with intercept 0, every value 1024 HU too high (held-out review, session 19).
     """
+    return "RescaleIntercept" in _rescale_source(ds, index)
+
+
+def _rescale_source(ds: Dataset, index: int) -> Dataset:
+    """Where frame ``index``'s rescale is read: its Pixel Value Transformation item, else the top level.
+
+    A top-level copy beside the functional groups is a leftover the standard does not allow there.
+    """
     item = _functional_item(ds, index, "PixelValueTransformationSequence")
-    return "RescaleIntercept" in (item if item is not None else ds)
+    return item if item is not None else ds
 
 
 def window_for(ds: Dataset, index: int) -> tuple[float, float] | None:

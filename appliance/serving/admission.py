@@ -201,18 +201,9 @@ class WorkerGate:
         ahead = self.pool.ahead(priority, source)
         workers = max(self.pool.workers, 1)
         # a lower bound: its turn at a worker and its own frame, then one batch; and the inbox ahead of it
-        batch_s = self.batcher.batch_s_floor / max(self.batcher.pacer.duty, 0.05)
-        wait = max((ahead + workers) * frame_s / workers + batch_s, self.batcher.expected_wait_s(1, fastest=True))
+        wait = max((ahead + workers) * frame_s / workers + self.batcher.batch_wait_s(fastest=True),
+                   self.batcher.expected_wait_s(1, fastest=True))
         left = deadline - self.clock.monotonic()
         if wait > left:
-            self.batcher.count_rejection("DEADLINE_UNMEETABLE")
-            queued = ahead > 0 or self.batcher.statistics().depth > 0
-            raise Overloaded(
-                f"queue cannot meet the deadline: expected wait {wait * 1000:.0f} ms ({ahead} requests ahead for a "
-                f"preprocessing worker) exceeds the {max(0.0, left) * 1000:.0f} ms left"
-                + ("" if queued else f"; nothing is queued: a deadline under {wait * 1000:.0f} ms cannot be met"),
-                # with nothing ahead, a retry with the same deadline fails again: no RetryInfo to loop on (held-out
-                # review, session 19)
-                retry_after_s=wait if queued else None,
-                reason="DEADLINE_UNMEETABLE",
-            )
+            raise self.batcher.unmeetable(wait, left, f" ({ahead} requests ahead for a preprocessing worker)",
+                                          queued=ahead > 0 or self.batcher.statistics().depth > 0)

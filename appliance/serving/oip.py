@@ -201,12 +201,9 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                                  f"{len(self._output_names(view))}, each may be requested once", field="outputs")
             refuse_extensions(request, view, self.dicom_view)  # before computing anything
             wanted = wanted_outputs(request, view, self._output_names(view))
-            if view == self.tensor_view:
-                names, tensors = await self._infer_tensor(request, request_id, priority, time_remaining, scratch,
-                                                          sender_of(context.peer()))
-            else:
-                names, tensors = await self._infer_dicom(request, request_id, priority, time_remaining, scratch,
-                                                         sender_of(context.peer()))
+            infer = self._infer_tensor if view == self.tensor_view else self._infer_dicom
+            names, tensors = await infer(request, request_id, priority, time_remaining, scratch,
+                                         sender_of(context.peer()))
             response = make_response(request, view, self.analyzer.model.version, wanted, names, tensors)
         except asyncio.CancelledError:  # the client went away: journalled, then cancelled as gRPC asks
             self._journal(view, request_id, "CANCELLED", t0)

@@ -178,9 +178,7 @@ class ThermalController:
             return self.tick()
         except Exception:  # a bug here must not kill pacing silently: fail safe and say so
             log.exception("thermal tick failed; treating it as a failed read")
-            with self._lock:
-                self._errors["read_error"] += 1
-                return self.governor.update(self.clock.monotonic(), None, error="read_error")
+            return self.tick_missing("read_error")
 
     def tick_missing(self, error: str = "timeout") -> float:
         """A read that has not answered in time: a failed read for the governor (HOLDING, then BLIND).

@@ -47,7 +47,7 @@ from appliance.serving.oip_wire import (
     wanted_outputs,
 )
 from appliance.serving.oip_wire import response as make_response
-from appliance.serving.server import FrameShare, FrameWindow, error_status, loggable_id
+from appliance.serving.server import FrameShare, FrameWindow, cancel_code, error_status, loggable_id
 
 if TYPE_CHECKING:
     from appliance.serving.analysis import Analysis, Analyzer
@@ -205,10 +205,11 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             names, tensors = await infer(request, request_id, priority, time_remaining, scratch,
                                          sender_of(context.peer()))
             response = make_response(request, view, self.analyzer.model.version, wanted, names, tensors)
-        except asyncio.CancelledError:  # the client went away: journalled, then cancelled as gRPC asks
-            self._journal(view, request_id, "CANCELLED", t0)
+        except asyncio.CancelledError:  # the client went away, or its deadline passed: journalled, then re-raised
+            code = cancel_code(context).name
+            self._journal(view, request_id, code, t0)
             if view == self.dicom_view:
-                self.analyzer.count_finished("CANCELLED", None)
+                self.analyzer.count_finished(code, None)
             raise
         except Exception as e:  # every failure leaves as a status; AbortError is raised after this block
             stats.fail = ViewStats.add(stats.fail, time.perf_counter() - t0)

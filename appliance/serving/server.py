@@ -41,7 +41,7 @@ def _pack(msg: Any) -> any_pb2.Any:
     return packed
 
 
-def _cancel_code(context: Any) -> grpc.StatusCode:
+def cancel_code(context: Any) -> grpc.StatusCode:
     """A cancelled call's code: DEADLINE_EXCEEDED when gRPC ended it at its deadline, else CANCELLED (the client)."""
     left = context.time_remaining()
     return grpc.StatusCode.DEADLINE_EXCEEDED if left is not None and left <= DEADLINE_SLACK_S else (
@@ -252,7 +252,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 source=sender_of(context.peer()),
             )
         except asyncio.CancelledError:  # the client left, or gRPC ended the call at its deadline
-            self._finish(_cancel_code(context), t0, request.request_id)
+            self._finish(cancel_code(context), t0, request.request_id)
             raise
         except ApplianceError as e:
             self._finish(e.code, t0, request.request_id, reason=e.reason)
@@ -313,7 +313,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 response = pb.AnalyzeResponse(request_id=safe_rid, status=pb.ItemStatus(
                     code=e.code.value[0], message=str(e), reason=e.reason, field=field or ""))
             except asyncio.CancelledError:  # the client left, or gRPC ended the stream at its deadline
-                code = _cancel_code(context)
+                code = cancel_code(context)
                 self._finish(code, t0, rid)
                 if not inside:
                     self.path.count_finished(code.name, None)

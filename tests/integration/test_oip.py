@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import time
 from pathlib import Path
 
 import grpc
@@ -172,6 +174,33 @@ def test_timeout_that_expires_is_deadline_exceeded(served, models_dir: Path) -> 
             assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             stats = stub.ModelStatistics(oip.ModelStatisticsRequest(name="ct-nodule"), timeout=5).model_stats[0]
             assert stats.inference_stats.fail.count == 1 and stats.inference_stats.success.count == 0
+    finally:
+        slow.stop()
+
+
+def test_a_grpc_deadline_that_ends_a_call_is_counted_as_deadline_exceeded(models_dir: Path, caplog) -> None:
+    # before: when gRPC's deadline cancelled the handler (before the request path's own deadline refused it), the
+    # journal and the request counter said CANCELLED; appliance.v1's Analyze says DEADLINE_EXCEEDED, as the client
+    slow = LoopbackOip(models_dir)
+
+    async def deaf(*args, **kwargs):  # a step that does not watch the deadline: only gRPC's cancel ends it
+        await asyncio.sleep(5.0)
+
+    slow.analyzer.analyze = deaf
+    try:
+        with grpc.insecure_channel(slow.address) as channel:
+            stub = oip_grpc.GRPCInferenceServiceStub(channel)
+            file = synthetic.to_dicom(synthetic.generate_slice(40, nodule=False, size=256))
+            with caplog.at_level("INFO", logger="appliance.serving.oip"):
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.ModelInfer(dicom_request([file]), timeout=0.2)
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                for _ in range(100):  # the handler sees the cancel a little after the client
+                    if slow.analyzer.finished:
+                        break
+                    time.sleep(0.02)
+            assert slow.analyzer.finished == ["DEADLINE_EXCEEDED"]
+            assert any(getattr(r, "code", None) == "DEADLINE_EXCEEDED" for r in caplog.records), caplog.text
     finally:
         slow.stop()
 

@@ -286,7 +286,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         out: asyncio.Queue[pb.AnalyzeResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
-        async def one(req: pb.AnalyzeRequest) -> None:
+        async def one(index: int, req: pb.AnalyzeRequest) -> None:
             t0 = self.path.clock.monotonic()
             rid = req.request_id or uuid.uuid4().hex
             share = FrameShare(window)
@@ -326,13 +326,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     code=code_pb2.INTERNAL, message=str(err), reason=err.reason))
             finally:
                 await share.close()
+            response.item_index = index  # a reply's request_id may be empty or the server's: the index always matches
             out.put_nowait(response)  # its permit is released once the reply is written
 
         async def reader() -> None:
             try:
+                index = 0
                 async for req in request_iterator:
                     await requests_in_flight.acquire()
-                    task = asyncio.create_task(one(req))
+                    task = asyncio.create_task(one(index, req))
+                    index += 1
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 if tasks:

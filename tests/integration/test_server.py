@@ -158,6 +158,28 @@ def test_stream_replies_per_item_and_survives_failures(stub, slice_bytes, caplog
         assert len(replies[f"s{i}"].frames) == 1
 
 
+def test_every_stream_reply_names_the_position_of_its_request(stub, slice_bytes) -> None:
+    # before: a reply to a request whose request_id was empty (the server assigned one) or refused (the reply's id is
+    # empty) could not be matched to its request, as replies come in completion order (held-out review, session 19)
+    ids = ["a", "", "x" * 65, "b", "bad id\n", ""]
+    requests = [pb.AnalyzeRequest(dicom=b"garbage" if i == 3 else slice_bytes, request_id=rid)
+                for i, rid in enumerate(ids)]
+    replies = list(stub.AnalyzeStream(iter(requests), timeout=30))
+    by_index = {r.item_index: r for r in replies}
+    assert sorted(by_index) == list(range(len(ids)))
+    for i, rid in enumerate(ids):
+        reply = by_index[i]
+        if i in (2, 4):  # refused request ids: the reply carries no id, the index still matches
+            assert reply.request_id == "" and reply.status.field == "request_id"
+        elif i == 3:
+            assert reply.request_id == "b" and reply.status.field == "dicom"
+        elif rid:
+            assert reply.request_id == rid and reply.status.code == 0
+        else:  # the server's id
+            assert len(reply.request_id) == 32 and reply.status.code == 0
+    assert stub.Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10).item_index == 0  # unary: 0
+
+
 def test_stream_window_counts_frames(models_dir, slice_bytes) -> None:
     ds = pydicom.dcmread(io.BytesIO(slice_bytes))
     pixels = ds.pixel_array

@@ -95,7 +95,7 @@ class ItemStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
 
 class AnalyzeResponse(_message.Message):
-    __slots__ = ("request_id", "sop_instance_uid", "pipeline", "model", "frames", "timings", "status")
+    __slots__ = ("request_id", "sop_instance_uid", "pipeline", "model", "frames", "timings", "status", "item_index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SOP_INSTANCE_UID_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class AnalyzeResponse(_message.Message):
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    ITEM_INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     sop_instance_uid: str
     pipeline: str
@@ -110,7 +111,8 @@ class AnalyzeResponse(_message.Message):
     frames: _containers.RepeatedCompositeFieldContainer[FrameResult]
     timings: Timings
     status: ItemStatus
-    def __init__(self, request_id: _Optional[str] = ..., sop_instance_uid: _Optional[str] = ..., pipeline: _Optional[str] = ..., model: _Optional[_Union[Model, _Mapping]] = ..., frames: _Optional[_Iterable[_Union[FrameResult, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., status: _Optional[_Union[ItemStatus, _Mapping]] = ...) -> None: ...
+    item_index: int
+    def __init__(self, request_id: _Optional[str] = ..., sop_instance_uid: _Optional[str] = ..., pipeline: _Optional[str] = ..., model: _Optional[_Union[Model, _Mapping]] = ..., frames: _Optional[_Iterable[_Union[FrameResult, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., status: _Optional[_Union[ItemStatus, _Mapping]] = ..., item_index: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

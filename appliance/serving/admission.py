@@ -15,7 +15,7 @@ import asyncio
 import collections
 import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from appliance.batching.work import Priority
@@ -40,14 +40,20 @@ ACTIVE_S = 5.0
 BATCH_SHARE = 0.75
 
 
-def sender_of(peer: str) -> str:
-    """The sender a gRPC peer counts as: a remote host, whatever its connections; a local peer, its connection.
+def sender_of(peer: str, auth: Mapping[str, Iterable[bytes]] | None = None) -> str:
+    """The sender a gRPC call counts as: its client certificate under mutual TLS, else its host or connection.
 
     A flooder that opened one connection per call was never "in flight twice", so it got around the sender share
     and took turns as many senders (held-out review, session 18). A remote client is its host (``ipv4:10.0.0.5``,
     ``ipv6:[fd00::5]``); a loopback or unix-socket peer stays one connection, since everything on the box itself
-    (a gateway, a probe, a test) shares one address.
+    (a gateway, a probe, a test) shares one address. Under mutual TLS the certificate names the client better than
+    its address: modalities behind one router (one address) are several senders, and one client on several
+    addresses is one (``auth`` is the call's ``auth_context()``; the subject is never logged from here).
     """
+    if auth is not None:
+        subject = next(iter(auth.get("x509_subject") or ()), b"")
+        if subject and next(iter(auth.get("transport_security_type") or ()), b"") == b"ssl":
+            return "x509:" + subject.decode("utf-8", "replace")
     kind, _, rest = peer.partition(":")
     if kind not in ("ipv4", "ipv6"):
         return peer

@@ -203,7 +203,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             wanted = wanted_outputs(request, view, self._output_names(view))
             infer = self._infer_tensor if view == self.tensor_view else self._infer_dicom
             names, tensors = await infer(request, request_id, priority, time_remaining, scratch,
-                                         sender_of(context.peer()))
+                                         sender_of(context.peer(), context.auth_context()))
             response = make_response(request, view, self.analyzer.model.version, wanted, names, tensors)
         except asyncio.CancelledError:  # the client went away, or its deadline passed: journalled, then re-raised
             code = cancel_code(context).name

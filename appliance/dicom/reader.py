@@ -332,6 +332,9 @@ def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
     if _uid.UID(ts).is_encapsulated:
         check_decode_ratio(pm, len(raw_pixels), limits)
         pixels: bytes | memoryview = encapsulated_pixels(ds, raw_pixels, pm, ts)
+    elif ds[keyword].is_undefined_length:  # item headers would be read as pixels, every value shifted (session 20)
+        raise DicomError(f"{tag_name(keyword)} is encapsulated (undefined length), but transfer syntax {uid_label(ts)} "
+                         "is native (uncompressed)", field=f"dicom.{keyword}")
     else:
         pixels = native_pixels(raw_pixels, pm)
     opts = decode_options(ds, pm, ts)

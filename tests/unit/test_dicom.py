@@ -79,6 +79,23 @@ def _extra_frames() -> bytes:
     return to_bytes(make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=1))
 
 
+def _columns_too_small() -> bytes:
+    # 8 x 10 pixels labelled 8 x 8: less than a frame too many, the image read sheared (session 20 review)
+    ds = make_dataset(pixels=np.zeros((8, 10), np.uint16))
+    ds.Columns = 8
+    return to_bytes(ds)
+
+
+def _undefined_length_native() -> bytes:
+    # an item-wrapped raw frame under Explicit VR Little Endian: the item headers were read as pixels
+    ds = make_dataset(pixels=np.zeros((4, 4), np.uint16))
+    raw = to_bytes(ds)
+    at = raw.index(b"\xe0\x7f\x10\x00OW")
+    frame = raw[at + 12:]
+    item = b"\xfe\xff\x00\xe0" + struct.pack("<I", len(frame)) + frame
+    return raw[:at] + b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff" + item + b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"
+
+
 def _missing_frames() -> bytes:
     return to_bytes(make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=3))
 
@@ -138,6 +155,10 @@ BAD_INPUTS = [
     ),
     ("frames-0", lambda: _with(NumberOfFrames=0), DicomError, ["(0028,0008) Number of Frames"]),
     ("frames-extra-data", _extra_frames, DicomError, ["(0028,0008) Number of Frames", "holds 2 frames"]),
+    ("columns-too-small", _columns_too_small, DicomError, ["(7FE0,0010) Pixel Data is 160 bytes, 32 more than the 128",
+                                                          "(0028,0011) Columns does not describe the data"]),
+    ("native-undefined-length", _undefined_length_native, DicomError, ["(7FE0,0010) Pixel Data is encapsulated",
+                                                                       "is native"]),
     ("frames-too-many", _missing_frames, DicomError, ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
     ("rle-fragments-vs-frames", _rle_fragments_mismatch, DicomError, ["(0028,0008) Number of Frames"]),
     ("compressed-syntax-native-pixels", _not_encapsulated, DicomError, ["not encapsulated"]),

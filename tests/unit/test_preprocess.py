@@ -446,5 +446,25 @@ def test_an_unsigned_ct_without_rescale_intercept_is_refused_not_windowed_as_hu(
         p.run(unsigned, 0, out)
     signed = parse(to_bytes(make_dataset(pixels=(stored.astype(np.int32) - 1024).astype(np.int16))))
     p.run(signed, 0, out)  # HU stored directly: as before
+    # held-out review, session 20: HU + 1024 in a signed type (nothing below 0: no air) scored 0.0054 for 0.9998
+    shifted = parse(to_bytes(make_dataset(pixels=stored.astype(np.int16))))
+    with pytest.raises(DicomError, match=r"\(0028,1052\) Rescale Intercept is missing and no stored value of this CT "
+                                         r"is below 0"):
+        p.run(shifted, 0, out)
     given = parse(to_bytes(make_dataset(pixels=stored.astype(np.uint16), RescaleSlope=1, RescaleIntercept=-1024)))
     p.run(given, 0, out)
+
+
+@pytest.mark.parametrize("keyword", ["FloatPixelData", "DoubleFloatPixelData"])
+def test_float_pixel_data_in_a_ct_is_refused(keyword: str) -> None:
+    """Held-out review, session 20: Float Pixel Data holding HU + 1024 in a CT Image was windowed as HU and scored
+    0.0054 for 0.9998. The CT IODs store integers and a rescale; a float CT's unit cannot be known."""
+    p = load_pipeline(REPO / "pipelines" / "ct-nodule.toml", REPO / "models")
+    stored = synthetic.stored_values(synthetic.generate_slice(3, size=256)).astype(np.float64)
+    ds = make_dataset(pixels=stored.astype(np.uint16))
+    for kw in ("PixelData", "BitsStored", "HighBit", "PixelRepresentation"):
+        delattr(ds, kw)
+    ds.BitsAllocated = 32 if keyword == "FloatPixelData" else 64
+    setattr(ds, keyword, stored.astype(np.float32 if keyword == "FloatPixelData" else np.float64).tobytes())
+    with pytest.raises(DicomError, match=r"Float Pixel Data in a CT image: CT stores integer values"):
+        p.run(parse(to_bytes(ds)), 0, np.zeros((1, 256, 256), np.float32))

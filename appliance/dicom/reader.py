@@ -32,6 +32,7 @@ import zlib
 import numpy as np
 import pydicom
 from pydicom import uid as _uid
+from pydicom.datadict import dictionary_has_tag, dictionary_VR, keyword_for_tag
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.filereader import _read_file_meta_info, read_preamble
@@ -318,10 +319,35 @@ def _identify(ds: Dataset) -> tuple[str, str, str]:
         raise DicomError(repeated, field="dicom")
     return ts, sop_class, str(sop_instance)
 
+#: Bytes a (0028,xxxx) element may hold where pydicom makes an object of every value: decimal or integer strings
+#: (a few values each: Pixel Spacing, Window Center) and binary numbers (a LUT's 65,536 entries). 32 elements of
+#: 32,767 decimal strings each, 9.6 KB deflated, took 4-7 s and 464 MB to convert (held-out review, session 20).
+_MAX_VALUE_BYTES = {"DS": 4096, "IS": 4096, "US": 1 << 18, "SS": 1 << 18, "UL": 1 << 18, "SL": 1 << 18,
+                    "FL": 1 << 18, "FD": 1 << 18}
+
+
+def _convert_pixel_group(ds: Dataset) -> None:
+    """Convert the image pixel group (palettes, LUTs) now, under the lock, warnings captured.
+
+    Elements the standard does not define are left as read (nothing reads them), and one longer than
+    :data:`_MAX_VALUE_BYTES` allows its VR is refused before pydicom makes an object of each value.
+    """
+    for tag in [t for t in ds.keys() if t.group == 0x0028]:
+        if not dictionary_has_tag(tag):
+            continue
+        raw = ds.get_item(tag)
+        value = getattr(raw, "value", None)
+        vr = getattr(raw, "VR", None) or dictionary_VR(tag)  # implicit VR: the dictionary's
+        bound = _MAX_VALUE_BYTES.get(vr)
+        if bound is not None and isinstance(value, bytes | bytearray) and len(value) > bound:
+            raise DicomError(f"{tag_label(int(tag))} holds {len(value)} bytes of {vr} values, more than the {bound} "
+                             "any image needs", field=f"dicom.{keyword_for_tag(tag)}")
+        ds[tag]
+
+
 def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
     ts, sop_class, sop_instance = _identify(ds)
-    for tag in [t for t in ds.keys() if t.group == 0x0028]:
-        ds[tag]  # convert the image pixel group (palettes, LUTs) now, under the lock, warnings captured
+    _convert_pixel_group(ds)
     keyword = next(kw for kw in PIXEL_KEYWORDS if kw in ds)
     pm = pixel_module(ds, keyword)
     check_limits(pm, limits)

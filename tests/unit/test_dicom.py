@@ -1060,3 +1060,22 @@ def test_an_element_that_appears_twice_is_refused_and_one_out_of_order_is_not():
         parse(data + again)
     late = b"\x08\x00\x70\x00LO" + struct.pack("<H", 2) + b"XX"  # (0008,0070) Manufacturer once, after the pixels
     assert parse(data + late).rescale(0) == (1.0, -1024.0)
+
+
+def test_the_pixel_group_is_converted_only_where_the_standard_defines_it_and_long_number_texts_are_refused():
+    """Held-out review, session 20: every (0028,xxxx) element was converted up front, undefined ones too: 32 of them
+    with 32,767 decimal strings each (9.6 KB deflated) cost 4-7 s and 464 MB, a 2M-value Window Center 8.8 s."""
+    ds = make_dataset(rows=8, columns=8, RescaleSlope=1, RescaleIntercept=-1024)
+    ds.add_new(0x00280FF0, "DS", ["1.5"] * 2000)  # not in the standard: left as read
+    inst = parse(to_bytes(ds))
+    assert type(inst.dataset.get_item(0x00280FF0)).__name__ == "RawDataElement"
+    ds.WindowCenter = ["40"] * 2000
+    with pytest.raises(DicomError, match=r"\(0028,1050\) Window Center holds 6000 bytes of DS values, more than the "
+                                         r"4096 any image needs") as e:
+        parse(to_bytes(ds))
+    assert e.value.field == "dicom.WindowCenter"
+    ds.WindowCenter, ds.WindowWidth = ["40", "-600"], ["400", "1500"]  # a few values, as images carry
+    assert parse(to_bytes(ds)).voi_window(0) is not None
+    ds.add_new(0x00287000, "DS", ["0"] * 3000)  # the review's: a defined tag written with another VR, as it is read
+    with pytest.raises(DicomError, match=r"\(0028,7000\) .* holds 6000 bytes of DS values"):
+        parse(to_bytes(ds))

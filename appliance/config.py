@@ -168,6 +168,9 @@ class DicomConfig(Schema, frozen=True):
     max_inflated_bytes: Annotated[int, _range(1, 1 << 40)] = 256 << 20  # a Deflated Explicit VR LE dataset, inflated
     # Sequence items in one dataset (a parse-time bomb bound).
     max_items: Annotated[int, _range(1, 10_000_000)] = 100_000
+    # Data elements in one dataset, all levels (a parse-time bomb bound: 4 million empty ones, 53 KB deflated, took
+    # 10 s to parse; a 512-frame enhanced CT holds some tens of thousands).
+    max_elements: Annotated[int, _range(1, 100_000_000)] = 250_000
     # Compressed pixel data decoding to more than 64 MiB may decode to at most this many times its encoded size.
     max_decode_ratio: Annotated[int, _range(1, 1 << 30)] = 1000
 

@@ -36,6 +36,7 @@ class DicomLimits:
     max_decoded_bytes: int = 1 << 30  # all frames, all samples, at the decoded item size
     max_inflated_bytes: int = 256 << 20  # a deflated dataset, inflated (counted in chunks, never held)
     max_items: int = 100_000  # sequence items (and pixel fragments) in the dataset: a parse-time bomb bound
+    max_elements: int = 250_000  # data elements read, every level: 4 million empty ones (53 KB deflated) took 10 s
     # Compressed pixel data may decode to at most this many times its encoded size, once it decodes to more than
     # decode_ratio_floor_bytes: a few KB of constant 4096 x 4096 JPEG 2000 frames decode to 1 GiB within every
     # other limit and hold a worker for 17 s (docs/robustness.md).

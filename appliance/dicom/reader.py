@@ -135,10 +135,12 @@ def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = _DEFAULT_L
 def _read(data: bytes, limits: DicomLimits) -> Dataset:
     """Read the file meta, check the syntax, then read the dataset (caller holds the lock)."""
     fp = io.BytesIO(data)
-    repeats.clear()
+    repeats.clear(limits.max_elements)
     try:
         read_preamble(fp, False)
         meta = _read_file_meta_info(fp)
+    except LimitExceeded:
+        raise
     except Exception as e:  # noqa: BLE001 - any failure here means malformed input
         raise DicomError(f"cannot read the file meta information (group 0002): {type(e).__name__}") from e
     if again := repeats.meta_repeated():  # a second Transfer Syntax UID replaced the first (session 20 review)
@@ -158,7 +160,7 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
         ds = pydicom.dcmread(io.BytesIO(data), force=False)
     except InvalidDicomError as e:
         raise DicomError(f"not a valid DICOM file: {first_line(e)}") from e
-    except MemoryError:
+    except (MemoryError, LimitExceeded):
         raise
     except RecursionError:
         raise LimitExceeded("sequences are nested too deeply to parse", field="dicom") from None

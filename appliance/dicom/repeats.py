@@ -8,8 +8,8 @@ repeat only when another element lies between the copies. This module watches th
 data set read records the tags its generator yielded twice: :func:`repeated` gives them for a sequence item,
 :func:`top_repeated` and :func:`meta_repeated` for the data set and the file meta information of the last parse on
 this thread (pydicom copies both into new objects). Sequences of
-defined length are read when first accessed; their items are watched then. Pure bookkeeping: the values are
-never read here.
+defined length are read when first accessed; their items are watched then. It also counts the elements a parse
+reads, all levels, and ends the parse past ``dicom.max_elements``. Pure bookkeeping: the values are never read here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 from pydicom import filereader
 from pydicom.dataset import Dataset
 
+from appliance.errors import LimitExceeded
+
 __all__ = ["clear", "install", "meta_repeated", "repeated", "top_repeated"]
 
 _local = threading.local()  # .stack: one list of repeated tags per data set being read; .meta: the file meta's
@@ -29,10 +31,18 @@ _installed = False
 
 
 def _watched_generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
-    """Yield what pydicom's element generator yields, noting each tag it yields twice in the data set being read."""
+    """Yield what pydicom's element generator yields, noting each tag it yields twice in the data set being read.
+
+    Every element read on this thread since :func:`clear` is counted; past the bound :func:`clear` set, the parse
+    ends with :class:`~appliance.errors.LimitExceeded`.
+    """
     stack: list[list[int]] = getattr(_local, "stack", [])
     seen: set[int] = set()
     for element in _ORIGINAL_GENERATOR(*args, **kwargs):
+        _local.count = count = getattr(_local, "count", 0) + 1
+        if count > getattr(_local, "bound", count):
+            raise LimitExceeded(f"the dataset holds more than {_local.bound} data elements, over the limit "
+                                f"max_elements={_local.bound}", field="dicom")
         tag = int(element.tag)
         if tag in seen and stack:
             stack[-1].append(tag)  # nested items were read (and popped) before the outer generator resumes
@@ -88,7 +98,12 @@ def meta_repeated() -> tuple[int, ...]:
     return tuple(getattr(_local, "meta", ()))
 
 
-def clear() -> None:
-    """Forget the last file's repeats (before reading the next file)."""
+def clear(max_elements: int | None = None) -> None:
+    """Forget the last file's repeats and element count (before reading the next file), and bound the next count."""
     _local.meta = []
     _local.top = []
+    _local.count = 0
+    if max_elements is None:
+        _local.__dict__.pop("bound", None)
+    else:
+        _local.bound = max_elements

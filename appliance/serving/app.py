@@ -84,6 +84,7 @@ class App:
             max_decoded_bytes=config.dicom.max_decoded_bytes,
             max_inflated_bytes=config.dicom.max_inflated_bytes,
             max_items=config.dicom.max_items,
+            max_elements=config.dicom.max_elements,
             max_decode_ratio=config.dicom.max_decode_ratio,
         )
         self.postprocess = Postprocessor(self.manifest)

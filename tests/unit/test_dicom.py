@@ -1079,3 +1079,19 @@ def test_the_pixel_group_is_converted_only_where_the_standard_defines_it_and_lon
     ds.add_new(0x00287000, "DS", ["0"] * 3000)  # the review's: a defined tag written with another VR, as it is read
     with pytest.raises(DicomError, match=r"\(0028,7000\) .* holds 6000 bytes of DS values"):
         parse(to_bytes(ds))
+
+
+def test_a_dataset_of_more_elements_than_max_elements_is_refused_while_it_is_read():
+    """Held-out review, session 20: 4 million empty elements (53 KB deflated) held a worker for its whole 10 s budget,
+    and two such files delayed another client's slice by 9.65 s. Elements of every level count."""
+    ds = make_dataset(rows=8, columns=8, RescaleSlope=1, RescaleIntercept=-1024)
+    data = to_bytes(ds)
+    at = data.index(b"\xe0\x7f\x10\x00")  # empty (0029,xx00) private elements, in tag order, before Pixel Data
+    filler = b"".join(struct.pack("<HH", 0x0029, 0x1000 + i) + b"UN\x00\x00" + struct.pack("<I", 0) for i in range(300))
+    bomb = data[:at] + filler + data[at:]
+    limits = DicomLimits(max_elements=200)
+    with pytest.raises(LimitExceeded, match=r"the dataset holds more than 200 data elements, over the limit "
+                                            r"max_elements=200"):
+        parse(bomb, limits)
+    parse(bomb, DicomLimits(max_elements=1000))  # under the bound: read as before
+    parse(data, limits)

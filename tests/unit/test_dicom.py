@@ -1095,3 +1095,36 @@ def test_a_dataset_of_more_elements_than_max_elements_is_refused_while_it_is_rea
         parse(bomb, limits)
     parse(bomb, DicomLimits(max_elements=1000))  # under the bound: read as before
     parse(data, limits)
+
+
+def test_frames_without_an_offset_table_are_found_in_one_pass_and_decoded_alone(monkeypatch):
+    """Held-out review, session 20: with no offset table pydicom found a frame by reading every fragment before it,
+    twice a frame, from the first each time: 64 frames of 1,500 fragments took 39-46 s. The frames are now found
+    once, and the decoder is given the frame alone; pydicom's per-frame search is not used at all."""
+    slices = [np.roll(_lossless_slice(), 7 * k, axis=1) for k in range(4)]
+    fragments = []
+    for pixels in slices:  # each frame in three fragments, even lengths, the last one holding its EOI
+        frame = encode_lossless_jpeg(pixels, precision=12)
+        frame += b"\x00" * (len(frame) % 2)
+        cut = (len(frame) // 3) & ~1
+        fragments += [frame[:cut], frame[cut:2 * cut], frame[2 * cut:]]
+    ds = make_dataset(pixels=np.stack(slices), bits_stored=12, NumberOfFrames=4)
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.JPEGLosslessSV1
+    items = b"".join(b"\xfe\xff\x00\xe0" + struct.pack("<I", len(f)) + f for f in fragments)
+    ds.PixelData = b"\xfe\xff\x00\xe0\x00\x00\x00\x00" + items  # an empty Basic Offset Table
+    ds["PixelData"].is_undefined_length = True
+    ds["PixelData"].VR = "OB"
+    inst = parse(to_bytes(ds))
+
+    real = pydicom.encaps.get_frame
+
+    def per_frame_search(buffer, index, **kwargs):  # the frame alone (one fragment) is fine; the whole data is not
+        if len(buffer) >= len(ds.PixelData):
+            raise AssertionError("pydicom's per-frame search ran over the whole pixel data")
+        return real(buffer, index, **kwargs)
+
+    monkeypatch.setattr("appliance.dicom.instance.get_frame", per_frame_search)
+    monkeypatch.setattr("pydicom.encaps.get_frame", per_frame_search)
+    monkeypatch.setattr("pydicom.pixels.decoders.base.get_frame", per_frame_search, raising=False)
+    for k in (3, 0, 2, 1):
+        np.testing.assert_array_equal(inst.decode_frame(k), slices[k])

@@ -60,6 +60,8 @@ def _number_of_frames(ds: Dataset) -> int:
         return 1
     value = ds["NumberOfFrames"].value
     try:
+        if isinstance(value, float) and not float(value).is_integer():  # pydicom reads IS "1.5" as 1.5 (an ISfloat)
+            raise ValueError(value)
         frames = int(value)
     except (TypeError, ValueError):
         raise DicomError(f"{tag_name('NumberOfFrames')} is not an integer",
@@ -411,6 +413,10 @@ def rescale_for(ds: Dataset, index: int) -> tuple[float, float]:
     if "RescaleSlope" not in src and "RescaleIntercept" not in src:
         return 1.0, 0.0
     for keyword in ("RescaleSlope", "RescaleIntercept"):
+        if keyword in src and src[keyword].VR != "DS":
+            # a decimal string (PS3.6); US 64512 was read as +64512 where the writer meant -1024 (session 20 review)
+            raise DicomError(f"{tag_name(keyword)} must be a decimal string (VR DS), not {src[keyword].VR}",
+                             field=f"dicom.{keyword}")
         value = src.get(keyword)
         if isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) > 1:
             # VM 1: taking the first of "-1024\\0" would be a guess at what the writer meant

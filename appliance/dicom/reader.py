@@ -375,7 +375,7 @@ def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:
         sop_instance_uid=sop_instance,
         sop_class_uid=sop_class,
         transfer_syntax_uid=ts,
-        modality=str(ds.get("Modality") or ""),
+        modality=str(ds.get("Modality") or "").strip(),  # CS: leading and trailing spaces are not significant
         rows=pm.rows,
         columns=pm.columns,
         number_of_frames=pm.frames,

@@ -96,6 +96,13 @@ def _undefined_length_native() -> bytes:
     return raw[:at] + b"\xe0\x7f\x10\x00OB\x00\x00\xff\xff\xff\xff" + item + b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"
 
 
+def _intercept_as_us() -> bytes:
+    # -1024 as the writer's US 64512: read as +64512 and scored (session 20 review)
+    ds = make_dataset(RescaleSlope=1)
+    ds.add_new(0x00281052, "US", 64512)
+    return to_bytes(ds)
+
+
 def _missing_frames() -> bytes:
     return to_bytes(make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=3))
 
@@ -159,6 +166,11 @@ BAD_INPUTS = [
                                                           "(0028,0011) Columns does not describe the data"]),
     ("native-undefined-length", _undefined_length_native, DicomError, ["(7FE0,0010) Pixel Data is encapsulated",
                                                                        "is native"]),
+    ("rescale-intercept-vr-us", _intercept_as_us, DicomError, ["(0028,1052) Rescale Intercept must be a decimal "
+                                                               "string (VR DS), not US"]),
+    ("frames-1.5", lambda: _with(NumberOfFrames=1).replace(b"\x28\x00\x08\x00IS\x02\x001 ",
+                                                          b"\x28\x00\x08\x00IS\x04\x001.5 "),
+     DicomError, ["(0028,0008) Number of Frames is not an integer"]),
     ("frames-too-many", _missing_frames, DicomError, ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
     ("rle-fragments-vs-frames", _rle_fragments_mismatch, DicomError, ["(0028,0008) Number of Frames"]),
     ("compressed-syntax-native-pixels", _not_encapsulated, DicomError, ["not encapsulated"]),
@@ -1128,3 +1140,9 @@ def test_frames_without_an_offset_table_are_found_in_one_pass_and_decoded_alone(
     monkeypatch.setattr("pydicom.pixels.decoders.base.get_frame", per_frame_search, raising=False)
     for k in (3, 0, 2, 1):
         np.testing.assert_array_equal(inst.decode_frame(k), slices[k])
+
+
+def test_leading_spaces_of_a_modality_are_not_significant():
+    """Held-out review, session 20: Modality " CT" was refused as not a defined term; in a CS value leading and
+    trailing spaces are not significant (PS3.5 6.2)."""
+    assert parse(to_bytes(make_dataset(modality=" CT"))).modality == "CT"

@@ -344,7 +344,13 @@ def _convert_pixel_group(ds: Dataset) -> None:
         if bound is not None and isinstance(value, bytes | bytearray) and len(value) > bound:
             raise DicomError(f"{tag_label(int(tag))} holds {len(value)} bytes of {vr} values, more than the {bound} "
                              "any image needs", field=f"dicom.{keyword_for_tag(tag)}")
-        ds[tag]
+        try:
+            ds[tag]
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - e.g. 3 bytes of US: pydicom's BytesLengthException escaped parse
+            raise DicomError(f"{tag_label(int(tag))} cannot be read as {vr}: {type(e).__name__}",
+                             field=f"dicom.{keyword_for_tag(tag)}") from None
 
 
 def _build(ds: Dataset, limits: DicomLimits) -> DicomInstance:

@@ -103,6 +103,12 @@ def _intercept_as_us() -> bytes:
     return to_bytes(ds)
 
 
+def _rows_of_three_bytes() -> bytes:
+    # US with an odd length: pydicom's BytesLengthException escaped parse (session 20 review)
+    data = _with(Rows=8)
+    return data.replace(b"\x28\x00\x10\x00US\x02\x00\x08\x00", b"\x28\x00\x10\x00US\x03\x00\x08\x00\x00", 1)
+
+
 def _missing_frames() -> bytes:
     return to_bytes(make_dataset(pixels=np.zeros((2, 8, 8), np.uint16), NumberOfFrames=3))
 
@@ -171,6 +177,7 @@ BAD_INPUTS = [
     ("frames-1.5", lambda: _with(NumberOfFrames=1).replace(b"\x28\x00\x08\x00IS\x02\x001 ",
                                                           b"\x28\x00\x08\x00IS\x04\x001.5 "),
      DicomError, ["(0028,0008) Number of Frames is not an integer"]),
+    ("rows-3-bytes", _rows_of_three_bytes, DicomError, ["(0028,0010) Rows cannot be read as US"]),
     ("frames-too-many", _missing_frames, DicomError, ["(7FE0,0010) Pixel Data", "(0028,0008) Number of Frames"]),
     ("rle-fragments-vs-frames", _rle_fragments_mismatch, DicomError, ["(0028,0008) Number of Frames"]),
     ("compressed-syntax-native-pixels", _not_encapsulated, DicomError, ["not encapsulated"]),

@@ -209,9 +209,12 @@ def test_an_element_whose_length_lies_does_not_leak_the_elements_it_swallows() -
         dicom.parse(bytes(b))
     raw = str(info.value)
     name, message, _, _ = encode_error(info.value)
-    assert "MARKER" in raw  # the foreign text does quote it
-    assert "MARKER" not in message and "ZZTEST" not in message and "ACME" not in message
-    assert message.startswith("decoder failed on (0028,0106): ") and name == "DicomError"
+    # pydicom's own text quotes the swallowed bytes; since session 20 the parse names the element in its own words
+    # (it used to let pydicom's BytesLengthException out, and the worker's encode_error hid its text)
+    for text in (raw, message):
+        assert "MARKER" not in text and "ZZTEST" not in text and "ACME" not in text
+    assert message == "(0028,0106) Smallest Image Pixel Value cannot be read as US: BytesLengthException"
+    assert name == "DicomError"
 
 
 @pytest.mark.parametrize("uid", ["1.2.840.10008.1.2", "0", "0.1.2", "1" * 64, "1" * 65, "PHIID778899", "1.02", "1..2",

@@ -217,6 +217,21 @@ def test_an_element_whose_length_lies_does_not_leak_the_elements_it_swallows() -
     assert name == "DicomError"
 
 
+def test_a_foreign_exception_from_a_worker_is_reported_without_the_bytes_it_quotes() -> None:
+    """What the worker's encode_error does for an exception that is not ours (a decoder's, pydicom's): its text can
+    quote the file's bytes, so values are redacted and the element it names comes first."""
+    from pydicom.errors import BytesLengthException
+
+    from appliance.workers.child import encode_error
+
+    error = BytesLengthException("Expected total bytes to be an even multiple of bytes per value. Instead received "
+                                 "b'\\x00ZZTEST^MARKERS' with length 15 reading (0028,0106)")
+    name, message, field, _ = encode_error(error)
+    assert name == "DicomError" and field == "dicom.PixelData"
+    assert message.startswith("decoder failed on (0028,0106): BytesLengthException")
+    assert "MARKER" not in message and "ZZTEST" not in message
+
+
 @pytest.mark.parametrize("uid", ["1.2.840.10008.1.2", "0", "0.1.2", "1" * 64, "1" * 65, "PHIID778899", "1.02", "1..2",
                                  ".1", "1.2.", "1.2.3\n", " 1.2", "1.2 ", "", "1,2", "١.٢"])
 def test_reply_uid_echoes_only_uid_syntax_as_pydicom_judges_it(uid: str) -> None:

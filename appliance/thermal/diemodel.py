@@ -16,6 +16,9 @@ __all__ = ["LEARN_RATE", "DieModel"]
 #: How far each power sample moves the learned watts per duty (a 20-sample memory).
 LEARN_RATE = 0.05
 
+#: The window over which the load's swing is taken, s (a few die time constants, about three sensor delays).
+SWING_S = 10.0
+
 
 class DieModel:
     """The die as low-passed power (now, and as the delayed sensor should show it), and the watts behind it."""
@@ -29,6 +32,8 @@ class DieModel:
         self._now: float | None = None  # the die model now, W
         self._hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
         self._filtered: tuple[float, float, float] | None = None  # (time, filtered reading, delayed model)
+        self._use: float | None = None  # the share of its allowance the load used, low-passed like the die
+        self._uses: deque[tuple[float, float, float]] = deque()  # (time, low-passed use, duty) over SWING_S
 
     def advance(self, now_s: float, power: float, dt: float) -> None:
         """Take this period's power: the die model is power low-passed with ``die_tau_s``."""
@@ -39,6 +44,35 @@ class DieModel:
             self._now += (power - self._now) * min(dt / c.die_tau_s, 1.0)
         self._hist.append((now_s, self._now))
         self.then = self._delayed()
+
+    def note_use(self, now_s: float, busy: float | None, duty: float, dt: float, *, paced: bool = True) -> None:
+        """Take the share of its allowance the load used in the last period: ``busy`` over the ``duty`` it ran at.
+
+        This is the load's own variation, not the PI's: under a steady full load it is 1 whatever the duty. Periods
+        the PI did not pace (``paced`` False: cool, blind, holding) start the window again.
+        """
+        if not paced:
+            self._use = None
+            self._uses.clear()
+            return
+        use = 1.0 if busy is None or duty <= 1e-6 else min(max(busy / duty, 0.0), 1.0)
+        self._use = use if self._use is None else self._use + (use - self._use) * min(dt / self.config.die_tau_s, 1.0)
+        self._uses.append((now_s, self._use, duty))
+        while self._uses[0][0] < now_s - SWING_S:
+            self._uses.popleft()
+
+    def swing_c(self) -> float:
+        """How far the die's peaks stand above its mean under the load's own variation, °C (the swing margin).
+
+        The reading, delayed and floored, follows the die's mean; under a load that comes and goes within a few
+        seconds the die's peaks stand above it by about what the low-passed use's peak over :data:`SWING_S` stands
+        above its mean, as watts at the duty now (docs/thermal.md, "Swing margin").
+        """
+        if len(self._uses) < 2:
+            return 0.0
+        uses = [u for _, u, _ in self._uses]
+        spread = max(uses) - sum(uses) / len(uses)
+        return self.model_c(spread * self._uses[-1][2] * self.full_w())
 
     def learn(self, power: float, busy: float, trust: float) -> None:
         """Learn the watts per duty from a measured power and the busy fraction it was drawn at.

@@ -27,6 +27,9 @@ Design (``docs/thermal.md``):
 - Noise filter: the P term acts on the reading through a 2 s first-order filter that follows the die model
   between readings, so sensor noise no longer kicks the budget every second; the integrator and the guard keep
   the raw reading.
+- Swing margin: under a load that comes and goes within seconds, the target is lowered by how far the die's peaks
+  stand above its mean, from the busy fraction over the duty (:meth:`DieModel.swing_c`); a steady load, full or
+  paced, has none.
 - Live boost: while the reading is demonstrably live and settled, the target rises by up to ``live_boost_c``
   above ``setpoint_c``; any sign of a fault (a stalled reading while the model says the die warms, read errors
   past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
@@ -195,6 +198,9 @@ class Governor:
         power, measured = self._board.sample(now_s, dt, power_w, energy_j, self._duty if busy is None else busy,
                                              self._die.w_per_duty)
         self._die.advance(now_s, power, dt)
+        # the load's use of the duty, while the PI paced it (from COOL, a load arriving on a cool die is no swing)
+        self._die.note_use(now_s, busy, self._duty, dt,
+                           paced=self._state in (GovernorState.REGULATING, GovernorState.THROTTLING))
         if busy is not None and measured is not None:
             self._die.learn(measured, busy, self._board.trust)
         temp, why = self._validate(now_s, temp_c, error)
@@ -394,8 +400,10 @@ class Governor:
         filtered = self._die.filter(now_s, reading, dt) + ahead  # the P term and the settle test act on this
         boost = self._boost.update(filtered, reading, unseen, dt,
                                    may_raise=self._check.may_raise and self._check.probe_cap is None)
-        e = c.setpoint_c + boost - temp
-        e_p = c.setpoint_c + boost - filtered
+        # the load's swing lowers the target: the die's peaks stand above the mean the readings show (session 20)
+        target = c.setpoint_c + boost - self._die.swing_c()
+        e = target - temp
+        e_p = target - filtered
 
         # Gains are set for the nameplate card; scale them with the learned watts per duty so the
         # loop gain stays put on a smaller or larger GPU (P_max·R_jh is ≈ 13–14 °C across classes).

@@ -42,17 +42,11 @@ from appliance.dicom.instance import DicomInstance, DicomLimits
 from appliance.dicom.pixels import (
     PIXEL_KEYWORDS,
     check_decode_ratio,
-    check_functional_groups,
     check_limits,
     decode_options,
     encapsulated_pixels,
-    modality_lut_table,
     native_pixels,
-    per_frame,
     pixel_module,
-    pixel_spacing,
-    rescale_for,
-    window_for,
 )
 from appliance.dicom.syntaxes import (
     DECODER_PLUGINS,
@@ -62,6 +56,14 @@ from appliance.dicom.syntaxes import (
     tag_label,
     tag_name,
     uid_label,
+)
+from appliance.dicom.values import (
+    check_functional_groups,
+    modality_lut_table,
+    per_frame,
+    pixel_spacing,
+    rescale_for,
+    window_for,
 )
 from appliance.errors import DicomError, LimitExceeded, NotApplicable
 

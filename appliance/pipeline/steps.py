@@ -20,7 +20,7 @@ import numpy as np
 from msgspec import Meta
 
 from appliance.dicom import DicomInstance, tag_name
-from appliance.dicom.pixels import rescale_given
+from appliance.dicom.values import rescale_given
 from appliance.errors import DicomError
 from appliance.pipeline.kernels import resize_area_into, window_to_unit
 from appliance.schema import Schema

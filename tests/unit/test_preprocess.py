@@ -417,7 +417,8 @@ def test_synthetic_every_transfer_syntax_matches_model_input(tmp_path):
 
 def test_a_modality_lut_for_signed_pixels_maps_from_its_signed_first_value() -> None:
     """Held-out review: a first mapped value of 0xF800 (-2048, stored as US) made every entry LUT Data[0]."""
-    from appliance.dicom.pixels import modality_lut_table, pixel_module
+    from appliance.dicom.pixels import pixel_module
+    from appliance.dicom.values import modality_lut_table
 
     ds = make_dataset(pixels=np.zeros((4, 4), np.int16), PixelRepresentation=1)
     item = Dataset()

@@ -7,9 +7,9 @@ repeat only when another element lies between the copies. This module watches th
 ``filereader.read_dataset`` and ``data_element_generator`` are wrapped (:func:`install`, once per process) so each
 data set read records the tags its generator yielded twice: :func:`repeated` gives them for a sequence item,
 :func:`top_repeated` and :func:`meta_repeated` for the data set and the file meta information of the last parse on
-this thread (pydicom copies both into new objects). Sequences of
-defined length are read when first accessed; their items are watched then. It also counts the elements a parse
-reads, all levels, and ends the parse past ``dicom.max_elements``. Pure bookkeeping: the values are never read here.
+this thread (pydicom copies both into new objects). Sequences of defined length are read when first accessed; their
+items are watched then. It also counts the elements a parse reads, all levels, and ends the parse past
+``dicom.max_elements``. Pure bookkeeping: the values are never read here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from appliance.errors import LimitExceeded
 
 __all__ = ["clear", "install", "meta_repeated", "repeated", "top_repeated"]
 
-_local = threading.local()  # .stack: one list of repeated tags per data set being read; .meta: the file meta's
+# per thread: .stack, one list of repeated tags per data set being read; .meta and .top, those of the last file meta
+# and top-level data set; .count, the elements read since clear(); .bound, max_elements
+_local = threading.local()
 _ATTR = "_appliance_repeated"
 _installed = False
 

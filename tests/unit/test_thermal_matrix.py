@@ -105,12 +105,14 @@ def test_cli_matrix_rejects_unknown_fault(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.slow
 @pytest.mark.parametrize(("plant_seed", "seed", "false_blind", "served_floor"), [
     (7, 1, 1, 0.889), (11, 2, 0, 0.886), (3, 5, 1, 0.890), (19, 4, 0, 0.886), (23, 24, 2, 0.884), (29, 30, 0, 0.883),
-    (41, 42, 0, 0.887), (43, 44, 0, 0.881), (47, 48, 1, 0.885), (53, 54, 0, 0.885),
+    (41, 42, 0, 0.886), (43, 44, 0, 0.881), (47, 48, 1, 0.885), (53, 54, 0, 0.885),
 ])
 def test_full_matrix_30_random_plants(plant_seed: int, seed: int, false_blind: int, served_floor: float) -> None:
     # the ten draws of docs/thermal.md; false BLIND episodes cost throughput only and are counted there. Session 17
     # traded 0.001-0.002 of three draws' floors and one 5 s false BLIND (3/5) for the guard on hot readings held at
-    # it, which keeps most plants under 75 °C when a fan stops (docs/thermal.md, "A fan that stops").
+    # it, which keeps most plants under 75 °C when a fan stops (docs/thermal.md, "A fan that stops"). Session 20 traded
+    # 0.0006 of draw 41/42's floor (0.8870 -> 0.8864) for the swing margin, which keeps 22 of 160 plants under 75 °C
+    # under a load that comes and goes each second (docs/thermal.md, "Swing margin"); the other nine draws held.
     # The goal is served >= 0.90 of the ideal tracker on every healthy or flaky cell. Against the corrected tracker
     # (session 13: it had undercounted its own work under the power limit) no draw meets it: each draw's lowest
     # cell is its measured floor here, a regression guard and not the goal (docs/thermal.md, "Results").

@@ -26,7 +26,7 @@ from appliance.errors import LimitExceeded
 __all__ = ["clear", "install", "meta_repeated", "repeated", "top_repeated"]
 
 # per thread: .stack, one list of repeated tags per data set being read; .meta and .top, those of the last file meta
-# and top-level data set; .count, the elements read since clear(); .bound, max_elements
+# and top-level data set; .tally, [elements read since clear(), max_elements]
 _local = threading.local()
 _ATTR = "_appliance_repeated"
 _installed = False
@@ -39,15 +39,17 @@ def _watched_generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
     ends with :class:`~appliance.errors.LimitExceeded`.
     """
     stack: list[list[int]] = getattr(_local, "stack", [])
+    tally: list[int] | None = getattr(_local, "tally", None)  # [elements read, bound], shared by nested reads
     seen: set[int] = set()
     for element in _ORIGINAL_GENERATOR(*args, **kwargs):
-        _local.count = count = getattr(_local, "count", 0) + 1
-        if count > getattr(_local, "bound", count):
-            raise LimitExceeded(f"the dataset holds more than {_local.bound} data elements, over the limit "
-                                f"max_elements={_local.bound}", field="dicom")
-        tag = int(element.tag)
+        if tally is not None:
+            tally[0] += 1
+            if tally[0] > tally[1]:
+                raise LimitExceeded(f"the dataset holds more than {tally[1]} data elements, over the limit "
+                                    f"max_elements={tally[1]}", field="dicom")
+        tag = element.tag  # a BaseTag: an int
         if tag in seen and stack:
-            stack[-1].append(tag)  # nested items were read (and popped) before the outer generator resumes
+            stack[-1].append(int(tag))  # nested items were read (and popped) before the outer generator resumes
         seen.add(tag)
         yield element
 
@@ -104,8 +106,4 @@ def clear(max_elements: int | None = None) -> None:
     """Forget the last file's repeats and element count (before reading the next file), and bound the next count."""
     _local.meta = []
     _local.top = []
-    _local.count = 0
-    if max_elements is None:
-        _local.__dict__.pop("bound", None)
-    else:
-        _local.bound = max_elements
+    _local.tally = None if max_elements is None else [0, max_elements]

@@ -348,10 +348,10 @@ class DicomInstance:
     def _decoder_source(self, frame: bytes | None, index: int) -> tuple[bytes | memoryview, int, dict[str, Any]]:
         """What pydicom's decoder gets: the source, the frame's index in it, the options.
 
-        The frame :meth:`_check_stream` found, alone (pydicom would look for it again among the fragments), else the
-        native pixel data.
+        Of several frames, the one :meth:`_check_stream` found, alone (pydicom would look for it again among the
+        fragments); else the pixel data as held (one frame: pydicom finds it at once, and a copy would cost more).
         """
-        if frame is None:
+        if frame is None or self.number_of_frames == 1:
             return self._pixels, index, self._opts
         return encapsulate([frame]), 0, {**self._opts, "number_of_frames": 1, "extended_offsets": None}
 

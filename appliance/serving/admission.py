@@ -16,7 +16,7 @@ import collections
 import contextlib
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from appliance.batching.work import Priority
 from appliance.clock import Clock, RealClock
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from appliance.batching.batcher import Batcher
     from appliance.workers.pool import WorkerPool
 
-__all__ = ["ACTIVE_S", "BATCH_SHARE", "SENDER_SHARE", "ByteBudget", "Senders", "WorkerGate", "sender_of"]
+__all__ = ["ACTIVE_S", "BATCH_SHARE", "SENDER_SHARE", "ByteBudget", "Senders", "WorkerGate", "call_sender",
+           "sender_of"]
 
 #: NOTE (sender share): while another sender is active, a sender that already has a file in flight is refused
 #: (or, on a stream, waits) at this fraction of the shared bounds -- requests waiting for a worker and inbox slots
@@ -62,6 +63,11 @@ def sender_of(peer: str, auth: Mapping[str, Iterable[bytes]] | None = None) -> s
     if bare.startswith(("127.", "::1", "::ffff:127.")) or bare in ("localhost", "0:0:0:0:0:0:0:1"):
         return peer
     return f"{kind}:{host}"
+
+
+def call_sender(context: Any) -> str:
+    """:func:`sender_of` a gRPC call, from its servicer ``context``."""
+    return sender_of(context.peer(), context.auth_context())
 
 
 class Senders:

@@ -37,7 +37,7 @@ from appliance.errors import ApplianceError, InputError, LimitExceeded, Overload
 from appliance.privacy import MAX_REQUEST_ID, clip, validate_request_id
 from appliance.proto.inference import grpc_service_pb2 as oip
 from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
-from appliance.serving.admission import sender_of
+from appliance.serving.admission import call_sender
 from appliance.serving.oip_wire import (
     ViewStats,
     deserialize_bytes,
@@ -202,8 +202,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
             refuse_extensions(request, view, self.dicom_view)  # before computing anything
             wanted = wanted_outputs(request, view, self._output_names(view))
             infer = self._infer_tensor if view == self.tensor_view else self._infer_dicom
-            names, tensors = await infer(request, request_id, priority, time_remaining, scratch,
-                                         sender_of(context.peer(), context.auth_context()))
+            names, tensors = await infer(request, request_id, priority, time_remaining, scratch, call_sender(context))
             response = make_response(request, view, self.analyzer.model.version, wanted, names, tensors)
         except asyncio.CancelledError:  # the client went away, or its deadline passed: journalled, then re-raised
             code = cancel_code(context).name

@@ -25,7 +25,7 @@ from appliance.errors import ApplianceError, DeadlineExceeded, InputError, Unava
 from appliance.privacy import hash_uid, reply_uid, validate_request_id
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.serving.admission import sender_of
+from appliance.serving.admission import call_sender
 from appliance.serving.analysis import Analysis
 from appliance.serving.analyze import DEADLINE_SLACK_S, RequestPath
 
@@ -249,7 +249,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 pipeline=request.pipeline,
                 priority=self._priority(request),
                 time_remaining=context.time_remaining(),
-                source=sender_of(context.peer(), context.auth_context()),
+                source=call_sender(context),
             )
         except asyncio.CancelledError:  # the client left, or gRPC ended the call at its deadline
             self._finish(cancel_code(context), t0, request.request_id)
@@ -279,6 +279,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         series never sees QUEUE_FULL because of its own earlier items; gRPC flow control slows the client down.
         """
         window = FrameWindow(self.stream_window)
+        source = call_sender(context)  # one call, one sender: every item of the stream is its
         # bounds the requests one stream holds, from reading them until their replies are written: a client that
         # never reads its replies stops being read from (held-out review, session 14: the permit was released
         # before the reply was queued, and RSS grew by about 1 KiB per unread reply)
@@ -297,7 +298,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 analysis = await self.path.analyze(
                     req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
                     time_remaining=context.time_remaining(), admit_frames=share.take, wait_for_budget=True,
-                    source=sender_of(context.peer(), context.auth_context()),
+                    source=source,
                 )
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)

@@ -4,10 +4,11 @@ NOTE (classes): INTERACTIVE goes first, but not always: while BATCH jobs wait, e
 is a BATCH one. Strictly first, a flood of INTERACTIVE work (proto3's default priority) starved BATCH completely: 9
 of 10 BATCH requests DEADLINE_EXCEEDED at 10 s, p99 13.4 s over 150 s (held-out review, session 18).
 
-NOTE (fairness): within a priority class, jobs are kept per *source* (``admission.sender_of``: a remote host, or one
-local connection) and the sources take turns, one job each, oldest first within a source. A client that sends forty
-slow or hostile files at once therefore delays another client's one file by at most one job per worker, not by all
-forty (docs/robustness.md, "One sender cannot starve the others"). With a single source this is plain FIFO.
+NOTE (fairness): within a priority class, jobs are kept per *source* (``admission.sender_of``: a client certificate
+under mutual TLS, else a remote host or one local connection) and the sources take turns, one job each, oldest
+first within a source. A client that sends forty slow or hostile files at once therefore delays another client's
+one file by at most one job per worker, not by all forty (docs/robustness.md, "One sender cannot starve the
+others"). With a single source this is plain FIFO.
 
 Not thread-safe: the pool calls every method under its lock. ``len()`` is a plain int read, so the launch
 policy may read it without the lock.

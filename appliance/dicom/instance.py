@@ -76,7 +76,7 @@ class DicomInstance:
     _rescale: tuple[tuple[float, float], ...] = field(repr=False)  # per frame, or one for all
     _windows: tuple[tuple[float, float] | None, ...] = field(repr=False)  # per frame, or one for all
     _modality_lut: tuple[int, np.ndarray] | None = field(repr=False)  # (first stored value, float32 table)
-    _frames: dict[str, list[bytes]] = field(default_factory=dict, repr=False)  # "all": every frame, when found at once
+    _frames: list[bytes] = field(default_factory=list, repr=False)  # every frame, once found at once (no table)
 
     def __repr__(self) -> str:
         """Return shape, syntax and UIDs only; never patient data."""
@@ -337,13 +337,13 @@ class DicomInstance:
         if self.number_of_frames == 1 or tables:
             return get_frame(encapsulated, index, number_of_frames=self.number_of_frames,
                              extended_offsets=self._opts.get("extended_offsets"))
-        frames = self._frames.get("all")
-        if frames is None:
+        if not self._frames:
             found = generate_frames(encapsulated, number_of_frames=self.number_of_frames)
-            frames = self._frames["all"] = list(itertools.islice(found, self.number_of_frames))
-        if index >= len(frames):
+            # built whole, then set in one step: a thread decoding another frame never sees half the list
+            self._frames[:] = list(itertools.islice(found, self.number_of_frames))
+        if index >= len(self._frames):
             raise ValueError(f"There is insufficient pixel data to contain {index + 1} frames")
-        return frames[index]
+        return self._frames[index]
 
     def _decoder_source(self, frame: bytes | None, index: int) -> tuple[bytes | memoryview, int, dict[str, Any]]:
         """What pydicom's decoder gets: the source, the frame's index in it, the options.

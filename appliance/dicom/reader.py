@@ -146,8 +146,7 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
     except Exception as e:  # noqa: BLE001 - any failure here means malformed input
         raise DicomError(f"cannot read the file meta information (group 0002): {type(e).__name__}") from e
     if again := repeats.meta_repeated():  # a second Transfer Syntax UID replaced the first (session 20 review)
-        raise DicomError(f"{tag_label(again[0])} appears more than once in the file meta information: which value "
-                         "the writer meant cannot be known", field="dicom")
+        raise DicomError(_repeated(again[0], " in the file meta information"), field="dicom")
     ts = meta.get("TransferSyntaxUID")
     if not ts:
         raise DicomError(f"{tag_name('TransferSyntaxUID')} is missing from the file meta information",
@@ -204,6 +203,10 @@ _ITEM_CHECKED = ("ModalityLUTSequence", "SharedFunctionalGroupsSequence", "PerFr
                  "PixelValueTransformationSequence", "FrameVOILUTSequence", "PixelMeasuresSequence")
 
 
+def _repeated(tag: int, where: str) -> str:
+    return f"{tag_label(tag)} appears more than once{where}: which value the writer meant cannot be known"
+
+
 def _duplicated(ds: Dataset, where: str = "") -> str | None:
     """Say so when an element appears twice in a dataset or an item the pipelines read: pydicom keeps the last value.
 
@@ -213,7 +216,7 @@ def _duplicated(ds: Dataset, where: str = "") -> str | None:
     watches the reader for them.
     """
     if again := (repeats.repeated(ds) if where else repeats.top_repeated()):
-        return f"{tag_label(again[0])} appears more than once{where}: which value the writer meant cannot be known"
+        return _repeated(again[0], where)
     for keyword in _ITEM_CHECKED:
         if keyword not in ds:
             continue

@@ -33,7 +33,8 @@ class DieModel:
         self._hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
         self._filtered: tuple[float, float, float] | None = None  # (time, filtered reading, delayed model)
         self._use: float | None = None  # the share of its allowance the load used, low-passed like the die
-        self._uses: deque[tuple[float, float, float]] = deque()  # (time, low-passed use, duty) over SWING_S
+        self._uses: deque[tuple[float, float]] = deque()  # (time, low-passed use) over SWING_S
+        self._use_duty = 1.0  # the duty of the last period noted
 
     def advance(self, now_s: float, power: float, dt: float) -> None:
         """Take this period's power: the die model is power low-passed with ``die_tau_s``."""
@@ -57,7 +58,8 @@ class DieModel:
             return
         use = 1.0 if busy is None or duty <= 1e-6 else min(max(busy / duty, 0.0), 1.0)
         self._use = use if self._use is None else self._use + (use - self._use) * min(dt / self.config.die_tau_s, 1.0)
-        self._uses.append((now_s, self._use, duty))
+        self._uses.append((now_s, self._use))
+        self._use_duty = duty
         while self._uses[0][0] < now_s - SWING_S:
             self._uses.popleft()
 
@@ -70,9 +72,9 @@ class DieModel:
         """
         if len(self._uses) < 2:
             return 0.0
-        uses = [u for _, u, _ in self._uses]
+        uses = [u for _, u in self._uses]
         spread = max(uses) - sum(uses) / len(uses)
-        return self.model_c(spread * self._uses[-1][2] * self.full_w())
+        return self.model_c(spread * self._use_duty * self.full_w())
 
     def learn(self, power: float, busy: float, trust: float) -> None:
         """Learn the watts per duty from a measured power and the busy fraction it was drawn at.

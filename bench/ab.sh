@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A/B a code change: the working tree against a git ref, interleaved (new, base, new, base, ...) so the shared
-# machine's drift hits both sides alike. Each run is `appliance bench --sweep 16` on the same workload; the base
+# A/B a code change: the working tree against a git ref, interleaved in ABBA order (new, base, base, new, new, ...)
+# so the shared machine's drift hits both sides alike: a box that slows (or warms up) through the run favours
+# whichever side runs first in every pair, and alternating which side leads cancels that to first order. Each run is `appliance bench --sweep 16` on the same workload; the base
 # side runs from a temporary worktree of REF, started there: `python -m` puts the current directory first on
 # sys.path, ahead of PYTHONPATH, so a base run started from this checkout would run this checkout's code.
 # Prints one line per run and the mean of each side; differences smaller than the spread between pairs are noise.
@@ -18,7 +19,8 @@ out="$(mktemp -d)"
 git worktree add -q --detach "$out/base" "$ref"
 trap 'git worktree remove --force "$out/base"; rm -rf "$out"' EXIT
 for i in $(seq 1 "$pairs"); do
-  for side in new base; do
+  if [ $((i % 2)) = 1 ]; then order="new base"; else order="base new"; fi
+  for side in $order; do
     if [ "$side" = base ]; then cd "$out/base"; else cd "$here"; fi
     code="$("$bin/python" -c 'import appliance, os; print(os.path.dirname(os.path.dirname(appliance.__file__)))')"
     [ "$code" = "$(pwd)" ] || { echo "$side would run the code in $code, not $(pwd)" >&2; exit 1; }

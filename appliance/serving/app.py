@@ -36,7 +36,7 @@ from appliance.pipeline.postprocess import Postprocessor
 from appliance.pipeline.preprocess import Pipeline
 from appliance.proto.v1 import inference_pb2 as pb
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
-from appliance.serving import access, listen, oip
+from appliance.serving import access, listen, oip, reflection
 from appliance.serving.analysis import ModelInfo
 from appliance.serving.analyze import PathLimits, RequestPath
 from appliance.serving.health import HealthState, ServiceState
@@ -247,9 +247,9 @@ class App:
         oip.add_to_server(server, self.path, max_files=self.config.batcher.queue_capacity, frame_window=window,
                           max_message_bytes=self.config.server.max_message_bytes)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        if listen.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
+        if reflection.reflection_enabled(self.config):  # off with TLS listeners unless server.reflection = true
             names = (pb.DESCRIPTOR.services_by_name["Inference"].full_name, oip.SERVICE_NAME, "grpc.health.v1.Health")
-            listen.enable_reflection(server, names)  # v1alpha and v1
+            reflection.enable_reflection(server, names)  # v1alpha and v1
         # docs/security.md: socket directories checked, sockets 0660, TLS/mTLS with certificate reload;
         # metrics bound here too, so every bind failure is a ConfigError before READY=1.
         self.addresses.extend(listen.bind_listeners(server, self.config))

@@ -8,9 +8,8 @@ Rules (docs/security.md):
 - A socket directory must be a real directory owned by us and not writable by group or others; a missing
   one is created 0750. The socket itself is made 0660 (group ``server.socket_group``) before the server
   starts, so only the owner and the group can ``connect()``.
-- TLS certificates are read through grpc's dynamic server credentials: each new connection checks the
-  files' mtime/size/inode and picks up renewed certificates without a restart. A renewal that does not
-  load (half-written file, key that does not match) is logged and the previous certificates stay in use.
+- TLS certificates are read through grpc's dynamic server credentials and reloaded when they change
+  (:mod:`appliance.serving.tls`).
 
 Every failure is a :class:`~appliance.errors.ConfigError` naming the key and the path, raised before READY=1.
 """
@@ -23,31 +22,26 @@ import logging
 import os
 import re
 import socket
-import ssl
 import stat
 import tempfile
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from appliance.errors import ConfigError
+from appliance.serving.tls import CertificateFiles
 
 if TYPE_CHECKING:
     import grpc
 
-    from appliance.config import Config, TlsConfig
+    from appliance.config import Config
 
 __all__ = [
     "Address",
-    "CertificateFiles",
     "bind_listeners",
     "parse_address",
     "prepare_socket_dir",
-    "REFLECTION_V1",
-    "enable_reflection",
-    "reflection_enabled",
     "runtime_dir",
     "socket_gid",
     "socket_path",
@@ -201,104 +195,6 @@ def _validate_tls(cfg: Config, has_tls_listeners: bool) -> None:
             raise ConfigError("config keys access.analyze_subjects/status_subjects need tls.require_client_cert = true")
 
 
-def reflection_enabled(cfg: Config) -> bool:
-    """Reflection as configured; when unset, on without TLS listeners and off with them."""
-    return cfg.server.reflection if cfg.server.reflection is not None else not cfg.tls.listen
-
-
-#: The stable reflection service; grpcio-reflection implements only its v1alpha twin.
-REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
-
-
-def enable_reflection(server: grpc.aio.Server, names: Sequence[str]) -> None:
-    """Serve reflection as ``grpc.reflection.v1alpha`` and as ``grpc.reflection.v1``.
-
-    v1 has the same messages, field for field, as v1alpha (only the package differs), so one servicer answers
-    both: a client that speaks only v1 (newer grpcurl and grpcui try it first) no longer gets UNIMPLEMENTED.
-    """
-    import grpc
-    from grpc_reflection.v1alpha import reflection, reflection_pb2
-    from grpc_reflection.v1alpha._async import ReflectionServicer
-
-    _register_reflection_v1(reflection_pb2)
-    servicer = ReflectionServicer([*names, reflection.SERVICE_NAME, REFLECTION_V1], pool=_MethodSymbols())
-    method = grpc.stream_stream_rpc_method_handler(
-        servicer.ServerReflectionInfo,
-        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
-    )
-    server.add_generic_rpc_handlers(tuple(
-        grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": method})
-        for service in (reflection.SERVICE_NAME, REFLECTION_V1)
-    ))
-
-
-class _MethodSymbols:
-    """The default descriptor pool, where a method's full name (``pkg.Service.Method``) also finds its file.
-
-    The pool finds services and messages by name but not methods, and ``grpcurl describe pkg.Service.Method`` asks
-    for the method (held-out review, session 18: NOT_FOUND). Everything else is the pool's own answer.
-    """
-
-    def __init__(self) -> None:
-        from google.protobuf import descriptor_pool
-
-        self._pool = descriptor_pool.Default()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    def FindFileContainingSymbol(self, symbol: str) -> Any:  # noqa: N802 - the pool's own name
-        try:
-            return self._pool.FindFileContainingSymbol(symbol)
-        except KeyError:
-            service, _, method = symbol.rpartition(".")
-            try:
-                found = self._pool.FindServiceByName(service)
-            except KeyError:
-                raise KeyError(symbol) from None
-            if method not in found.methods_by_name:
-                raise KeyError(symbol) from None
-            return found.file
-
-
-def _register_reflection_v1(v1alpha: Any) -> None:
-    """Add ``grpc/reflection/v1/reflection.proto`` to the default descriptor pool, built from v1alpha's.
-
-    Reflection lists ``grpc.reflection.v1.ServerReflection``, so a client may ask for the file that defines it
-    (``grpcurl describe`` walks every listed service); without it in the pool the answer was NOT_FOUND (held-out
-    review, session 18). The two files differ only in their package, so v1alpha's is copied with the package and
-    the type names renamed.
-    """
-    from google.protobuf import descriptor_pb2, descriptor_pool
-
-    pool = descriptor_pool.Default()
-    name = "grpc/reflection/v1/reflection.proto"
-    try:
-        pool.FindFileByName(name)
-        return
-    except KeyError:
-        pass
-    proto = descriptor_pb2.FileDescriptorProto()
-    v1alpha.DESCRIPTOR.CopyToProto(proto)
-    old, new = f".{proto.package}.", ".grpc.reflection.v1."
-    proto.name, proto.package = name, "grpc.reflection.v1"
-
-    def rename(messages: Any) -> None:
-        for message in messages:
-            for field in message.field:
-                if field.type_name.startswith(old):
-                    field.type_name = new + field.type_name[len(old):]
-            rename(message.nested_type)
-
-    rename(proto.message_type)
-    for service in proto.service:
-        for method in service.method:
-            method.input_type = new + method.input_type[len(old):]
-            method.output_type = new + method.output_type[len(old):]
-    pool.Add(proto)
-
-
 # ---- unix sockets -----------------------------------------------------------------------------------------
 
 
@@ -432,89 +328,3 @@ def bind_listeners(server: grpc.aio.Server, cfg: Config) -> list[str]:
         for text in cfg.tls.listen:
             bound.append(_bind_tcp(server, parse_address(text, "tls.listen"), "tls.listen", credentials))
     return bound
-
-
-# ---- TLS --------------------------------------------------------------------------------------------------
-
-
-def _read(path: str, key: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read {path} (config key {key}): {e.strerror}") from None
-
-
-class CertificateFiles:
-    """The server certificate, key and client CA on disk, re-read when they change (grpc's fetcher hook)."""
-
-    def __init__(self, tls: TlsConfig) -> None:
-        self.tls = tls
-        self._lock = threading.Lock()
-        self._signature = self._stat()
-        self.reloads = 0  # how many times renewed files were picked up
-
-    def _paths(self) -> list[str]:
-        return [p for p in (self.tls.cert_file, self.tls.key_file, self.tls.client_ca_file) if p]
-
-    def _stat(self) -> tuple[tuple[int, int, int], ...]:
-        out = []
-        for p in self._paths():
-            try:
-                st = os.stat(p)
-                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-            except OSError:
-                out.append((0, 0, 0))
-        return tuple(out)
-
-    def load(self) -> grpc.ServerCertificateConfiguration:
-        """Read and check the files (the key matches the certificate; the CA bundle parses)."""
-        import grpc
-
-        tls = self.tls
-        cert, key = _read(tls.cert_file, "tls.cert_file"), _read(tls.key_file, "tls.key_file")
-        ca = _read(tls.client_ca_file, "tls.client_ca_file") if tls.client_ca_file else None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-        except (ssl.SSLError, ValueError) as e:
-            raise ConfigError(
-                f"config keys tls.cert_file/tls.key_file: {tls.cert_file} and {tls.key_file} are not a PEM "
-                f"certificate chain and its matching key ({e})"
-            ) from None
-        if ca is not None:
-            try:
-                context.load_verify_locations(cafile=tls.client_ca_file)
-            except (ssl.SSLError, ValueError) as e:
-                raise ConfigError(
-                    f"config key tls.client_ca_file: {tls.client_ca_file} is not a PEM CA bundle ({e})"
-                ) from None
-        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
-
-    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """Grpc calls this for each new connection: None = keep the current certificates."""
-        try:
-            with self._lock:
-                signature = self._stat()
-                if signature == self._signature:
-                    return None
-                self._signature = signature
-                config = self.load()
-                self.reloads += 1
-            log.info("TLS certificates reloaded from %s", ", ".join(self._paths()))
-            return config
-        except ConfigError as e:
-            log.warning("TLS certificate renewal not applied, keeping the previous certificates: %s", e)
-        except Exception:  # noqa: BLE001 - never raise into grpc's handshake thread
-            log.exception("TLS certificate reload failed; keeping the previous certificates")
-        return None
-
-    def credentials(self) -> grpc.ServerCredentials:
-        """Dynamic server credentials: TLS, mTLS when a client CA is set (required unless configured off)."""
-        import grpc
-
-        initial = self.load()
-        require = bool(self.tls.client_ca_file) and self.tls.require_client_cert
-        # grpc takes None from the fetcher as "keep the current certificates"; types-grpcio's Callable omits None.
-        return grpc.dynamic_ssl_server_credentials(
-            initial, self.fetch, require_client_authentication=require  # type: ignore[arg-type]
-        )

@@ -86,6 +86,13 @@ _GUARD_HOT_READINGS = 2
 _GUARD_HOT_WINDOW = 4
 _GUARD_HOT_MEAN_C = 0.5
 
+#: Guard steps (``guard_factor``) more per degree that the held readings stand above guard_c. A reading past the guard
+#: says the die is at the limit or past it; one step of 7 % a second let a die whose fan had stopped climb on for
+#: seconds: 31 s above 75 °C (76.5 °C) behind a sensor 2 s laggier than commissioned, 14.5 s (77.7 °C) on a plant at
+#: the corner of the rated ranges. Held readings never reach a degree past the guard on the healthy scans, so only
+#: faults pay for it (docs/thermal.md, "Escalating guard").
+_GUARD_STEPS_PER_C = 2.0
+
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
 #: Why a plausible reading was rejected as a glitch (not a failed read, an out-of-range value or a stuck verdict).
@@ -437,7 +444,8 @@ class Governor:
         # PI may go under it to 0 until the reading falls (docs/thermal.md, "Hot at the floor")
         floor = 0.0 if hot and self._duty <= c.min_duty + 1e-9 else c.min_duty
         if hot:
-            cap = c.guard_factor * power
+            past = max(min(last) - c.guard_c, 0.0) if held else 0.0  # how far past the guard the held readings stand
+            cap = c.guard_factor ** (1.0 + _GUARD_STEPS_PER_C * past) * power
             if budget > cap:
                 budget = cap
                 reason = "guard"

@@ -9,6 +9,8 @@ moves at or above the guard is recovered at the lowest duty.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from appliance.thermal import plant as tp
@@ -16,15 +18,17 @@ from appliance.thermal.governor import Governor, GovernorState, ThermalConfig
 from appliance.thermal.matrix import matrix_plants
 
 
-def _fan_stop(name: str, sensor_seed: int, seconds: int = 2400, *, draw: int = 7,
+def _fan_stop(name: str, sensor_seed: int, seconds: int = 2400, *, draw: int = 7, lag_s: float = 0.0,
               log: list[tuple[float, float, str]] | None = None) -> tuple[float, float]:
     """Full load after 3 idle minutes; the fan stops at 30 min. Returns seconds above 75 °C and the hottest die.
 
-    ``log`` collects (die, duty, state) of every second after the stop.
+    ``lag_s`` makes the sensor that much later than the one the settings were commissioned on. ``log`` collects
+    (die, duty, state) of every second after the stop.
     """
     row = next(r for r in matrix_plants(30, draw) if r.plant.name == name)
-    plant = tp.Plant(row.plant, row.room_c, max_delay_s=row.sensor.delay_s + 40)
-    sensor = tp.Sensor(row.sensor, sensor_seed)
+    sensor_params = dataclasses.replace(row.sensor, delay_s=row.sensor.delay_s + lag_s)
+    plant = tp.Plant(row.plant, row.room_c, max_delay_s=sensor_params.delay_s + 40)
+    sensor = tp.Sensor(sensor_params, sensor_seed)
     gov = Governor(row.config())
     duty, energy, used = 1.0, 0.0, 0.0
     for t in range(seconds):
@@ -54,6 +58,18 @@ def test_a_fan_that_stops_at_full_load_barely_passes_the_wall() -> None:
     runs = [_fan_stop(name, seed) for name in ("rand7-1", "rand7-26", "rand7-10", "rand7-0") for seed in (1, 2, 3)]
     assert sum(above for above, _ in runs) <= 60.0, runs
     assert max(hottest for _, hottest in runs) <= 76.3, runs
+
+
+def test_readings_past_the_guard_cut_deeper_so_a_fan_stop_behind_a_late_sensor_passes_the_wall_briefly() -> None:
+    """Held-out review, session 20: behind a sensor 2 s later than commissioned, a stopped fan kept the die above
+    75 °C for up to 31 s, because the guard cut 7 % a second while the readings stood a degree or two past it. Each
+    degree the held readings stand past guard_c now takes two more guard steps (docs/thermal.md, "Escalating guard").
+    """
+    # before: 31.0, 9.0, 4.0 / 16.0, 9.0, 10.5 / 14.5, 11.0, 13.2 s above (117 s in all); now at most 11 s each
+    runs = [_fan_stop(name, seed, draw=draw, lag_s=2.0)
+            for name, draw in (("rand3-25", 3), ("rand7-8", 7), ("rand7-10", 7)) for seed in (1, 2, 3)]
+    assert max(above for above, _ in runs) <= 12.0, runs
+    assert sum(above for above, _ in runs) <= 90.0, runs
 
 
 def _paused_on_a_hot_reading(cfg: ThermalConfig) -> tuple[Governor, float, int]:

@@ -57,42 +57,16 @@ Design (``docs/thermal.md``):
 from __future__ import annotations
 
 import math
-from collections import deque
 
 from appliance.thermal.boardpower import BoardPower
 from appliance.thermal.boost import LiveBoost
 from appliance.thermal.diemodel import DieModel
+from appliance.thermal.guard import Guard
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
 from appliance.thermal.plausible import FallBound, ReadingVote
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
 
 __all__ = ["Decision", "Governor", "GovernorState", "ThermalConfig"]
-
-#: After the guard has capped the budget this long, the integrator is wound down to the cap. Without it, a fan that
-#: stopped at full load left the integrator above the cap; when the lead term released the guard at 74 °C on a die
-#: still at 75 °C, the duty jumped from 0.11 to 0.48 and the die climbed again: 84 s above 75 °C (held-out review,
-#: session 14). Transient guard hits (noise at guard_c) are shorter and keep the integrator, and so the throughput.
-_GUARD_WINDUP_S = 3.0
-
-
-#: Readings in a row at or above guard_c that engage the guard even when the delay compensation says the die is
-#: already falling, provided the mean of the last _GUARD_HOT_WINDOW readings is within _GUARD_HOT_MEAN_C of guard_c.
-#: The guard acted on the reading plus that compensation only: after a cut the die model's fall released it, but with
-#: a stopped fan the warming heatsink holds the die up, and the budget climbed back. With a fan stopping at full load
-#: 21 of 33 plants passed 75 °C (up to 16.5 s, 76.75 °C; docs/thermal.md, fan entry). Noise reaches the guard too: one
-#: reading raised a noisy sensor's settled peak-to-peak from 0.59 to 1.81 °C, two in a row another's to 1.70 °C at the
-#: peaks of its oscillation, where the readings before them were a degree lower; a held die is hot in all of them.
-_GUARD_HOT_READINGS = 2
-_GUARD_HOT_WINDOW = 4
-_GUARD_HOT_MEAN_C = 0.5
-
-#: Guard steps (``guard_factor``) more per degree that the held readings stand above guard_c. A reading past the guard
-#: says the die is at the limit or past it; one step of 7 % a second let a die whose fan had stopped climb on for
-#: seconds: 31 s above 75 °C (76.5 °C) behind a sensor 2 s laggier than commissioned, 14.5 s (77.7 °C) on a plant at
-#: the corner of the rated ranges. Held readings never reach a degree past the guard on the healthy scans, so only
-#: faults pay for it (docs/thermal.md, "Escalating guard").
-_GUARD_STEPS_PER_C = 2.0
-
 
 _ERROR_KINDS_LOST = frozenset({"lost", "reset_required"})
 #: Why a plausible reading was rejected as a glitch (not a failed read, an out-of-range value or a stuck verdict).
@@ -135,8 +109,7 @@ class Governor:
         self._hot_since: float | None = None
         self._jump_run: list[float] = []
         self._jumped_hot = False  # the last rejected jump went up, to the switch-on temperature or above
-        self._guard_run = 0  # consecutive samples the guard capped the budget
-        self._recent: deque[float] = deque(maxlen=_GUARD_HOT_WINDOW)  # the last regulated readings
+        self._guard = Guard(c)  # readings at or past guard_c cap the budget
         self._vote = ReadingVote(c.max_jump_c_per_s * c.period_s, max(c.recover_samples, 3),  # a majority needs 3
                                  2.0 * max(c.recover_samples, 3) * c.period_s)
         self._fall = FallBound(c.fall_margin_c, c.fall_rate_c_per_s, c.period_s, doubt_margin_c=c.fall_doubt_margin_c)
@@ -434,26 +407,17 @@ class Governor:
             self._integral = min(max(self._integral + di, p_lo), p_hi)
         budget = self._integral + kp * e_p
         reason = "pi"
-        # readings held at the guard are not noise: the guard acts on them whatever the models predict
-        self._recent.append(reading)
-        last = list(self._recent)[-_GUARD_HOT_READINGS:]
-        held = (len(last) == _GUARD_HOT_READINGS and min(last) >= c.guard_c
-                and sum(self._recent) / len(self._recent) >= c.guard_c - _GUARD_HOT_MEAN_C)
-        hot = max(temp, filtered) >= c.guard_c or held
+        hot = self._guard.hot(reading, max(temp, filtered))
         # a die still at the guard with the duty at its floor: min_duty is no safe duty for it (a stopped fan), so the
         # PI may go under it to 0 until the reading falls (docs/thermal.md, "Hot at the floor")
         floor = 0.0 if hot and self._duty <= c.min_duty + 1e-9 else c.min_duty
-        if hot:
-            past = max(min(last) - c.guard_c, 0.0) if held else 0.0  # how far past the guard the held readings stand
-            cap = c.guard_factor ** (1.0 + _GUARD_STEPS_PER_C * past) * power
-            if budget > cap:
-                budget = cap
-                reason = "guard"
-                self._guard_run += 1
-                if self._guard_run >= _GUARD_WINDUP_S / c.period_s:  # a sustained guard: wind the integrator down
-                    self._integral = max(min(self._integral, cap), p_lo)
-        if reason != "guard":
-            self._guard_run = 0
+        if hot and budget > (cap := self._guard.cap_w(power)):
+            budget = cap
+            reason = "guard"
+            if self._guard.capped():  # a sustained guard: wind the integrator down
+                self._integral = max(min(self._integral, cap), p_lo)
+        else:
+            self._guard.released()
         if floor < c.min_duty and budget < p_lo:
             reason = "hot at the floor"
         duty, reason = self._capped(min(max((budget - c.p_idle_w) / w, floor), 1.0), reason, dt)

@@ -193,8 +193,31 @@ def _cut_short(ds: Dataset) -> str | None:
     length = getattr(raw, "length", None)
     value = getattr(raw, "value", None)
     if isinstance(length, int) and length != 0xFFFFFFFF and isinstance(value, bytes) and len(value) < length:
+        before = ds.get_item(tags[-2]) if len(tags) > 1 else None
+        if before is not None and (why := _not_an_element(ds, int(last), int(tags[-2]))):
+            # a length that lies swallows the elements after it, and the bytes where it ends read as a made-up tag
+            # that runs past the end: naming that tag sent the reader looking for an element not in the file
+            return (f"{tag_label(int(tags[-2]))} declares {getattr(before, 'length', '?')} bytes, and what follows it "
+                    f"does not read as an element ({tag_label(int(last))}: {why}, {length} bytes long, {len(value)} "
+                    f"there): the length of {tag_label(int(tags[-2]))} is probably wrong")
         return f"the file ends inside {tag_label(int(last))}: {len(value)} of its {length} bytes are there (truncated)"
     return None
+
+
+def _not_an_element(ds: Dataset, tag: int, before: int) -> str:
+    """Why ``tag``, read after ``before``, cannot be an element of ``ds`` ("" when it can)."""
+    group, element = tag >> 16, tag & 0xFFFF
+    if tag <= before:
+        return "out of order: the elements of a data set come in ascending tag order"
+    if group & 1:  # private: (gggg,xxyy) needs its creator (gggg,00xx) in the same data set
+        if element == 0 or 0x0010 <= element <= 0x00FF:  # a group length, or a private creator
+            return ""
+        if element < 0x1000:
+            return "not a private element number"
+        return "" if (tag & 0xFFFF0000 | element >> 8) in ds else "a private tag without its private creator"
+    if element and not keyword_for_tag(tag):
+        return "not in the DICOM dictionary"
+    return ""
 
 
 #: The sequences whose items the pipelines read (the modality LUT; an enhanced image's functional groups and the

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydicom import uid as _uid
-from pydicom.datadict import dictionary_description, dictionary_has_tag, tag_for_keyword
+from pydicom.datadict import dictionary_description, tag_for_keyword
 from pydicom.pixels import get_decoder
 
 from appliance.errors import UnsupportedTransferSyntax
@@ -78,8 +78,14 @@ def tag_name(keyword: str) -> str:
 
 
 def tag_label(tag: int) -> str:
-    """Return ``"(gggg,eeee) Name"`` for a tag number; elements the dictionary lacks are named as such."""
-    name = dictionary_description(tag) if dictionary_has_tag(tag) else "a private or unknown element"
+    """Return ``"(gggg,eeee) Name"`` for a tag number; elements the dictionary lacks are named as such.
+
+    Repeating groups (curves 50xx, overlays 60xx) are in the dictionary under a mask: (6000,3000) is Overlay Data.
+    """
+    try:
+        name = dictionary_description(tag)
+    except KeyError:
+        name = "a private or unknown element"
     return f"({tag >> 16:04X},{tag & 0xFFFF:04X}) {name}"
 
 

@@ -1153,3 +1153,51 @@ def test_leading_spaces_of_a_modality_are_not_significant():
     """Held-out review, session 20: Modality " CT" was refused as not a defined term; in a CS value leading and
     trailing spaces are not significant (PS3.5 6.2)."""
     assert parse(to_bytes(make_dataset(modality=" CT"))).modality == "CT"
+
+
+def _name_length_lies(garbage_tag: bytes) -> bytes:
+    """Patient's Name declares 16 bytes more than its value: they swallow the start of the elements after it, and the
+    reader then meets ``garbage_tag`` (explicit VR little endian, as OB with a 4-byte length) running past the end."""
+    data = to_bytes(make_dataset(rows=8, columns=8))
+    name = SECRET.encode() + (b" " if len(SECRET) % 2 else b"")
+    at = data.index(b"\x10\x00\x10\x00PN")
+    assert data[at + 6:at + 8] == struct.pack("<H", len(name)) and data[at + 8:at + 8 + len(name)] == name
+    header = garbage_tag + b"OB\x00\x00" + struct.pack("<I", 0x7FFF0000)
+    return (data[:at + 6] + struct.pack("<H", len(name) + 16) + name + b"\x00" * 16 + header
+            + data[at + 8 + len(name):])
+
+
+@pytest.mark.parametrize(("tag", "why"), [
+    (b"\x31\x2e\x36\x33", "a private tag without its private creator"),  # (2E31,3336)
+    (b"\x00\x1e\x00\x25", "not in the DICOM dictionary"),  # (1E00,2500)
+    (b"\x08\x00\x10\x00", "out of order"),  # (0008,0010), before Patient's Name
+], ids=["private-without-creator", "unknown", "out-of-order"])
+def test_a_length_that_lies_is_named_not_the_made_up_tag_where_it_ends(tag: bytes, why: str) -> None:
+    """Held-out review, session 20: a length that lies swallows the elements after it, and the bytes where it ends read
+    as a made-up tag running past the end of the file. The error named that tag ("the file ends inside (1E00,2500)"),
+    which is in no file; now it names the element whose length is probably wrong, and never its value."""
+    with pytest.raises(DicomError, match=rf"\(0010,0010\) Patient's Name declares \d+ bytes, and what follows it does "
+                                         rf"not read as an element \(.*{why}.*\): the length of \(0010,0010\) "
+                                         "Patient's Name is probably wrong") as info:
+        parse(_name_length_lies(tag))
+    assert SECRET not in str(info.value) and "ZZSENTINEL" not in str(info.value)
+
+
+def test_a_file_cut_inside_a_private_element_with_its_creator_is_still_called_cut() -> None:
+    ds = make_dataset(rows=8, columns=8)
+    ds.add_new(0x00290010, "LO", "ACME 1.0")  # the creator of block 10 in group 0029
+    ds.add_new(0x00291010, "OB", bytes(4096))
+    data = to_bytes(ds)
+    at = data.index(b"\x29\x00\x10\x10OB") + 12
+    with pytest.raises(DicomError, match=r"the file ends inside \(0029,1010\) .*: 100 of its 4096 bytes are there "
+                                         r"\(truncated\)"):
+        parse(data[:at + 100])
+
+
+def test_elements_of_repeating_groups_are_named_from_the_dictionary() -> None:
+    from appliance.dicom.syntaxes import tag_label
+
+    assert tag_label(0x60003000) == "(6000,3000) Overlay Data"  # was "a private or unknown element"
+    assert tag_label(0x60023000) == "(6002,3000) Overlay Data"
+    assert tag_label(0x60013000) == "(6001,3000) a private or unknown element"  # odd: private
+    assert tag_label(0x00100010) == "(0010,0010) Patient's Name"

@@ -36,7 +36,6 @@ _PHOTOMETRIC_SAMPLES = {
     "YBR_ICT": 3,
     "YBR_RCT": 3,
 }
-_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the pipelines compute in float32
 
 
 def _req_int(ds: Dataset, keyword: str, lo: int, hi: int) -> int:

@@ -15,13 +15,14 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.pixels.processing import apply_modality_lut
 
-from appliance.dicom.pixels import _FLOAT32_MAX, PixelModule
+from appliance.dicom.pixels import PixelModule
 from appliance.dicom.syntaxes import tag_name
 from appliance.errors import DicomError
 
 __all__ = ["check_functional_groups", "modality_lut_table", "per_frame", "pixel_spacing", "rescale_for",
            "rescale_given", "window_for"]
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the pipelines compute in float32
 
 def _float_or_none(value: Any) -> float | None:
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):

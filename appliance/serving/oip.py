@@ -41,6 +41,8 @@ from appliance.serving.admission import call_sender
 from appliance.serving.oip_wire import (
     ViewStats,
     deserialize_bytes,
+    model_config,
+    model_metadata,
     refuse_extensions,
     schedule,
     single_input,
@@ -60,7 +62,6 @@ DICOM_SUFFIX = "-dicom"
 SERVER_NAME = "edge-appliance"
 #: Triton extensions served (perf_analyzer reads server-side statistics only when "statistics" is listed).
 EXTENSIONS = ("model_configuration", "statistics", "schedule_policy")
-PLATFORM = "edge-appliance"
 SERVICE_NAME = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # for reflection
 
 
@@ -124,54 +125,12 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: oip.ModelMetadataRequest, context: Any) -> oip.ModelMetadataResponse:
         """Inputs and outputs of one view (-1 marks a variable dimension)."""
         view = await self._view(request.name, request.version, context)
-        model = self.analyzer.model
-        meta = oip.ModelMetadataResponse.TensorMetadata
-        response = oip.ModelMetadataResponse(name=view, versions=[model.version], platform=PLATFORM)
-        if view == self.tensor_view:
-            response.inputs.append(meta(name=model.input_name, datatype="FP32", shape=[-1, *model.item_shape]))
-        else:
-            response.inputs.append(meta(name="dicom", datatype="BYTES", shape=[-1]))
-        for name, datatype, shape in self._outputs(view):
-            response.outputs.append(meta(name=name, datatype=datatype, shape=[-1, *shape]))
-        return response
+        return model_metadata(view, self.analyzer.model, view == self.tensor_view, self._outputs(view))
 
     async def ModelConfig(self, request: oip.ModelConfigRequest, context: Any) -> oip.ModelConfigResponse:
         """A Triton model configuration describing the view (what perf_analyzer needs)."""
         view = await self._view(request.name, request.version, context)
-        model = self.analyzer.model
-        gpu = any(word in model.backend.lower() for word in ("cuda", "tensorrt", "gpu"))
-        config = oip.ModelConfig(
-            name=view,
-            platform=PLATFORM,
-            backend=PLATFORM,
-            instance_group=[
-                oip.ModelInstanceGroup(
-                    count=1, kind=oip.ModelInstanceGroup.KIND_GPU if gpu else oip.ModelInstanceGroup.KIND_CPU
-                )
-            ],
-            dynamic_batching=oip.ModelDynamicBatching(
-                preferred_batch_size=[model.batch_size], priority_levels=2, default_priority_level=2
-            ),
-        )
-        for key, value in (
-            ("engine_backend", model.backend),
-            ("precision", model.precision),
-            ("engine_batch_size", str(model.batch_size)),
-            ("version", model.version),
-        ):
-            config.parameters[key].string_value = value
-        types = {"FP32": oip.TYPE_FP32, "BYTES": oip.TYPE_STRING, "INT32": oip.TYPE_INT32, "BOOL": oip.TYPE_BOOL}
-        if view == self.tensor_view:
-            config.max_batch_size = model.batch_size
-            config.input.append(oip.ModelInput(name=model.input_name, data_type=oip.TYPE_FP32, dims=model.item_shape))
-            for name, datatype, shape in self._outputs(view):
-                config.output.append(oip.ModelOutput(name=name, data_type=types[datatype], dims=shape))
-        else:
-            config.max_batch_size = 0  # the first dimension is files in, frames out: not a batch dimension
-            config.input.append(oip.ModelInput(name="dicom", data_type=oip.TYPE_STRING, dims=[-1]))
-            for name, datatype, shape in self._outputs(view):
-                config.output.append(oip.ModelOutput(name=name, data_type=types[datatype], dims=[-1, *shape]))
-        return oip.ModelConfigResponse(config=config)
+        return model_config(view, self.analyzer.model, view == self.tensor_view, self._outputs(view))
 
     async def ModelStatistics(self, request: oip.ModelStatisticsRequest, context: Any) -> oip.ModelStatisticsResponse:
         """Cumulative per-view counts and durations since start (empty name: every view)."""

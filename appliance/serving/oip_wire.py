@@ -1,7 +1,8 @@
-"""The KServe v2 wire format as this server speaks it: BYTES tensors, request parameters, outputs, statistics.
+"""The KServe v2 wire format as this server speaks it.
 
-Pure functions over the generated ``inference`` messages, no server state; :mod:`appliance.serving.oip` is the
-servicer that calls them (docs/oip.md).
+BYTES tensors, request parameters, outputs, statistics, model metadata and configuration. Pure functions over the
+generated ``inference`` messages, no server state; :mod:`appliance.serving.oip` is the servicer that calls them
+(docs/oip.md).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,8 +19,16 @@ from appliance.errors import InputError
 from appliance.privacy import clip
 from appliance.proto.inference import grpc_service_pb2 as oip
 
-__all__ = ["ViewStats", "deserialize_bytes", "duration", "refuse_extensions", "response", "schedule",
-           "serialize_bytes", "single_input", "wanted_outputs"]
+if TYPE_CHECKING:
+    from appliance.serving.analysis import ModelInfo
+
+__all__ = ["PLATFORM", "ViewStats", "deserialize_bytes", "duration", "model_config", "model_metadata",
+           "refuse_extensions", "response", "schedule", "serialize_bytes", "single_input", "wanted_outputs"]
+
+PLATFORM = "edge-appliance"
+
+#: An output's (name, datatype, per-item shape), as a view lists them.
+Output = tuple[str, str, tuple[int, ...]]
 
 
 def serialize_bytes(items: Sequence[bytes]) -> bytes:
@@ -208,3 +217,53 @@ class ViewStats:
 def duration(pair: tuple[int, int]) -> oip.StatisticDuration:
     """A (count, ns) pair as Triton's StatisticDuration."""
     return oip.StatisticDuration(count=pair[0], ns=pair[1])
+
+
+def model_metadata(view: str, model: ModelInfo, tensor: bool, outputs: Sequence[Output]) -> oip.ModelMetadataResponse:
+    """ModelMetadata of one view: the tensor view (``tensor``) or the DICOM view; -1 marks a variable dimension."""
+    meta = oip.ModelMetadataResponse.TensorMetadata
+    answer = oip.ModelMetadataResponse(name=view, versions=[model.version], platform=PLATFORM)
+    if tensor:
+        answer.inputs.append(meta(name=model.input_name, datatype="FP32", shape=[-1, *model.item_shape]))
+    else:
+        answer.inputs.append(meta(name="dicom", datatype="BYTES", shape=[-1]))
+    for name, datatype, shape in outputs:
+        answer.outputs.append(meta(name=name, datatype=datatype, shape=[-1, *shape]))
+    return answer
+
+
+def model_config(view: str, model: ModelInfo, tensor: bool, outputs: Sequence[Output]) -> oip.ModelConfigResponse:
+    """A Triton model configuration describing one view (what perf_analyzer needs)."""
+    gpu = any(word in model.backend.lower() for word in ("cuda", "tensorrt", "gpu"))
+    config = oip.ModelConfig(
+        name=view,
+        platform=PLATFORM,
+        backend=PLATFORM,
+        instance_group=[
+            oip.ModelInstanceGroup(
+                count=1, kind=oip.ModelInstanceGroup.KIND_GPU if gpu else oip.ModelInstanceGroup.KIND_CPU
+            )
+        ],
+        dynamic_batching=oip.ModelDynamicBatching(
+            preferred_batch_size=[model.batch_size], priority_levels=2, default_priority_level=2
+        ),
+    )
+    for key, value in (
+        ("engine_backend", model.backend),
+        ("precision", model.precision),
+        ("engine_batch_size", str(model.batch_size)),
+        ("version", model.version),
+    ):
+        config.parameters[key].string_value = value
+    types = {"FP32": oip.TYPE_FP32, "BYTES": oip.TYPE_STRING, "INT32": oip.TYPE_INT32, "BOOL": oip.TYPE_BOOL}
+    if tensor:
+        config.max_batch_size = model.batch_size
+        config.input.append(oip.ModelInput(name=model.input_name, data_type=oip.TYPE_FP32, dims=model.item_shape))
+        for name, datatype, shape in outputs:
+            config.output.append(oip.ModelOutput(name=name, data_type=types[datatype], dims=shape))
+    else:
+        config.max_batch_size = 0  # the first dimension is files in, frames out: not a batch dimension
+        config.input.append(oip.ModelInput(name="dicom", data_type=oip.TYPE_STRING, dims=[-1]))
+        for name, datatype, shape in outputs:
+            config.output.append(oip.ModelOutput(name=name, data_type=types[datatype], dims=[-1, *shape]))
+    return oip.ModelConfigResponse(config=config)

@@ -37,7 +37,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.filereader import _read_file_meta_info, read_preamble
 
-from appliance.dicom import repeats
+from appliance.dicom import damage, repeats
 from appliance.dicom.instance import DicomInstance, DicomLimits
 from appliance.dicom.pixels import (
     PIXEL_KEYWORDS,
@@ -146,7 +146,7 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
     except Exception as e:  # noqa: BLE001 - any failure here means malformed input
         raise DicomError(f"cannot read the file meta information (group 0002): {type(e).__name__}") from e
     if again := repeats.meta_repeated():  # a second Transfer Syntax UID replaced the first (session 20 review)
-        raise DicomError(_repeated(again[0], " in the file meta information"), field="dicom")
+        raise DicomError(damage.repeated_message(again[0], " in the file meta information"), field="dicom")
     ts = meta.get("TransferSyntaxUID")
     if not ts:
         raise DicomError(f"{tag_name('TransferSyntaxUID')} is missing from the file meta information",
@@ -173,87 +173,6 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
     except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
     return ds
-
-
-_PIXEL_TAGS = frozenset({0x7FE00010, 0x7FE00008, 0x7FE00009})  # Pixel Data, Float and Double Float Pixel Data
-
-
-def _cut_short(ds: Dataset) -> str | None:
-    """Say so when the dataset's last element holds fewer bytes than its length says: the file was cut inside it.
-
-    pydicom reads such a value short without complaint; a file cut inside (0008,0016) SOP Class UID then looked
-    like a non-image SOP class (FAILED_PRECONDITION, "do not retry") rather than a damaged file (docs/dicom.md).
-    Read before any element is accessed (an accessed element is converted, and its declared length is gone).
-    """
-    tags = list(ds.keys())
-    if not tags or tags[-1] in _PIXEL_TAGS:  # pixel data is judged by the bytes the image needs
-        return None
-    last = tags[-1]
-    raw = ds.get_item(last)
-    length = getattr(raw, "length", None)
-    value = getattr(raw, "value", None)
-    if isinstance(length, int) and length != 0xFFFFFFFF and isinstance(value, bytes) and len(value) < length:
-        before = ds.get_item(tags[-2]) if len(tags) > 1 else None
-        if before is not None and (why := _not_an_element(ds, int(last), int(tags[-2]))):
-            # a length that lies swallows the elements after it, and the bytes where it ends read as a made-up tag
-            # that runs past the end: naming that tag sent the reader looking for an element not in the file
-            return (f"{tag_label(int(tags[-2]))} declares {getattr(before, 'length', '?')} bytes, and what follows it "
-                    f"does not read as an element ({tag_label(int(last))}: {why}, {length} bytes long, {len(value)} "
-                    f"there): the length of {tag_label(int(tags[-2]))} is probably wrong")
-        return f"the file ends inside {tag_label(int(last))}: {len(value)} of its {length} bytes are there (truncated)"
-    return None
-
-
-def _not_an_element(ds: Dataset, tag: int, before: int) -> str:
-    """Why ``tag``, read after ``before``, cannot be an element of ``ds`` ("" when it can)."""
-    group, element = tag >> 16, tag & 0xFFFF
-    if tag <= before:
-        return "out of order: the elements of a data set come in ascending tag order"
-    if group & 1:  # private: (gggg,xxyy) needs its creator (gggg,00xx) in the same data set
-        if element == 0 or 0x0010 <= element <= 0x00FF:  # a group length, or a private creator
-            return ""
-        if element < 0x1000:
-            return "not a private element number"
-        return "" if (tag & 0xFFFF0000 | element >> 8) in ds else "a private tag without its private creator"
-    if element and not keyword_for_tag(tag):
-        return "not in the DICOM dictionary"
-    return ""
-
-
-#: The sequences whose items the pipelines read (the modality LUT; an enhanced image's functional groups and the
-#: macros inside them): a repeat inside their items is refused like one at the top level.
-_ITEM_CHECKED = ("ModalityLUTSequence", "SharedFunctionalGroupsSequence", "PerFrameFunctionalGroupsSequence",
-                 "PixelValueTransformationSequence", "FrameVOILUTSequence", "PixelMeasuresSequence")
-
-
-def _repeated(tag: int, where: str) -> str:
-    return f"{tag_label(tag)} appears more than once{where}: which value the writer meant cannot be known"
-
-
-def _duplicated(ds: Dataset, where: str = "") -> str | None:
-    """Say so when an element appears twice in a dataset or an item the pipelines read: pydicom keeps the last value.
-
-    A second (0028,1052) Rescale Intercept after the pixel data silently replaced the real one (docs/dicom.md);
-    inside a functional group's Pixel Value Transformation item it did the same, and so did two copies side by side,
-    which the earlier test of the elements' file positions missed (session 20). :mod:`appliance.dicom.repeats`
-    watches the reader for them.
-    """
-    if again := (repeats.repeated(ds) if where else repeats.top_repeated()):
-        return _repeated(again[0], where)
-    for keyword in _ITEM_CHECKED:
-        if keyword not in ds:
-            continue
-        try:
-            items = list(ds[keyword].value)
-        except (KeyboardInterrupt, SystemExit, MemoryError):
-            raise
-        except BaseException:  # noqa: BLE001 - a malformed sequence is refused where it is read, with its own words
-            continue
-        for k, item in enumerate(items):
-            if isinstance(item, Dataset) and (found := _duplicated(item, f" in item {k + 1} of {tag_name(keyword)}"
-                                                                   f"{where}")) is not None:
-                return found
-    return None
 
 
 def _check_items(count: int, limits: DicomLimits) -> None:
@@ -317,7 +236,7 @@ def _swapped_hint(ds: Dataset, ts: str) -> str:
 def _identify(ds: Dataset) -> tuple[str, str, str]:
     """Return (transfer syntax, SOP class, SOP instance) or raise for a non-image / unidentifiable object."""
     ts = str(ds.file_meta.TransferSyntaxUID)
-    cut, repeated = _cut_short(ds), _duplicated(ds)
+    cut, repeated = damage.cut_short(ds), damage.duplicated(ds)
     if len(ds) == 0:
         raise DicomError("the dataset has no data elements after the file meta information (truncated?)")
     sop_class = ds.get("SOPClassUID")

@@ -6,6 +6,7 @@ budget may keep while it is, and when a guard that keeps capping has lasted long
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from appliance.thermal.params import ThermalConfig
@@ -36,6 +37,15 @@ HOT_MEAN_C = 0.5
 #: faults pay for it (docs/thermal.md, "Escalating guard").
 STEPS_PER_C = 2.0
 
+#: The steepest rise between readings, °C/s, over which readings past the guard still escalate it. A die that climbs
+#: past the guard (a stopped fan: about 1 °C a second on the fastest plants) gets there in steps; a burst of hot
+#: glitches jumps there, and answering it with the deep cut cost 2-5 % of the throughput per burst (held-out review,
+#: session 21). Readings that jumped still get the plain guard.
+CLIMB_C_PER_S = 1.5
+#: How far back a jump keeps the escalation off, s (a burst of glitches longer than the hot window still began with
+#: a jump).
+CLIMB_SPAN_S = 10.0
+
 
 class Guard:
     """Whether the die is hot, the budget the guard lets it keep, and how long the guard has kept capping."""
@@ -43,8 +53,9 @@ class Guard:
     def __init__(self, config: ThermalConfig) -> None:
         self.config = config
         self._recent: deque[float] = deque(maxlen=HOT_WINDOW)  # the last regulated readings
+        self._span: deque[float] = deque(maxlen=max(int(CLIMB_SPAN_S / config.period_s), 2))  # for the climb test
         self._past_c = 0.0  # how far past guard_c the held readings stand, °C (0 when not held)
-        self._run = 0  # consecutive samples the guard capped the budget
+        self._steps = 0.0  # guard steps taken in this run of capped samples (an escalated sample takes several)
 
     def hot(self, reading: float, ahead_c: float) -> bool:
         """Take this sample's reading; True when the guard acts on it.
@@ -57,7 +68,9 @@ class Guard:
         last = list(self._recent)[-HOT_READINGS:]
         held = (len(last) == HOT_READINGS and min(last) >= c.guard_c
                 and sum(self._recent) / len(self._recent) >= c.guard_c - HOT_MEAN_C)
-        self._past_c = max(min(last) - c.guard_c, 0.0) if held else 0.0
+        self._span.append(reading)
+        climbed = not any(b - a > CLIMB_C_PER_S * c.period_s for a, b in itertools.pairwise(self._span))
+        self._past_c = max(min(last) - c.guard_c, 0.0) if held and climbed else 0.0
         return ahead_c >= c.guard_c or held
 
     def cap_w(self, power: float) -> float:
@@ -68,11 +81,17 @@ class Guard:
         c = self.config
         return float(c.guard_factor ** (1.0 + STEPS_PER_C * self._past_c)) * power
 
-    def capped(self) -> bool:
-        """Count a sample the guard capped; True once it has capped for :data:`WINDUP_S` in a row."""
-        self._run += 1
-        return self._run >= WINDUP_S / self.config.period_s
+    def capped(self, power: float) -> float | None:
+        """Count a sample the guard capped at ``power``; once the run is sustained, the integrator's ceiling, W.
+
+        Sustained means :data:`WINDUP_S` worth of guard steps, an escalated sample counting as the steps it took:
+        two seconds of deep cuts released the guard before three samples had passed, so the integrator was never
+        wound down and the PI went back to the budget from before the cuts, on a die whose fan had stopped (held-out
+        review, session 21: a 4 s limit cycle). The ceiling is the cap itself.
+        """
+        self._steps += 1.0 + STEPS_PER_C * self._past_c
+        return self.cap_w(power) if self._steps >= WINDUP_S / self.config.period_s else None
 
     def released(self) -> None:
         """A sample the guard did not cap: the run starts again."""
-        self._run = 0
+        self._steps = 0.0

@@ -33,8 +33,9 @@ HOT_MEAN_C = 0.5
 #: Guard steps (``guard_factor``) more per degree that the held readings stand above guard_c. A reading past the guard
 #: says the die is at the limit or past it; one step of 7 % a second let a die whose fan had stopped climb on for
 #: seconds: 31 s above 75 °C (76.5 °C) behind a sensor 2 s laggier than commissioned, 14.5 s (77.7 °C) on a plant at
-#: the corner of the rated ranges. Held readings never reach a degree past the guard on the healthy scans, so only
-#: faults pay for it (docs/thermal.md, "Escalating guard").
+#: the corner of the rated ranges. Held readings never reach a degree past the guard on the healthy scans, so faults
+#: pay for it, and a sensor whose noise wanders slowly past the guard (0.25 % of the served work; docs/thermal.md,
+#: "Escalating guard").
 STEPS_PER_C = 2.0
 
 #: The steepest rise between readings, °C/s, over which readings past the guard still escalate it. A die that climbs

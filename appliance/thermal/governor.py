@@ -414,8 +414,8 @@ class Governor:
         if hot and budget > (cap := self._guard.cap_w(power)):
             budget = cap
             reason = "guard"
-            if (ceiling := self._guard.capped(power)) is not None:  # a sustained guard: wind the integrator down
-                self._integral = max(min(self._integral, ceiling), p_lo)
+            if self._guard.capped():  # a sustained guard: wind the integrator down
+                self._integral = max(min(self._integral, cap), p_lo)
         else:
             self._guard.released()
         if floor < c.min_duty and budget < p_lo:

@@ -53,8 +53,8 @@ class Guard:
 
     def __init__(self, config: ThermalConfig) -> None:
         self.config = config
-        self._recent: deque[float] = deque(maxlen=HOT_WINDOW)  # the last regulated readings
-        self._span: deque[float] = deque(maxlen=max(int(CLIMB_SPAN_S / config.period_s), 2))  # for the climb test
+        self._span = max(int(CLIMB_SPAN_S / config.period_s), 2)  # readings the climb test looks back over
+        self._recent: deque[float] = deque(maxlen=max(HOT_WINDOW, self._span))  # the last regulated readings
         self._past_c = 0.0  # how far past guard_c the held readings stand, °C (0 when not held)
         self._steps = 0.0  # guard steps taken in this run of capped samples (an escalated sample takes several)
 
@@ -66,12 +66,13 @@ class Guard:
         """
         c = self.config
         self._recent.append(reading)
-        last = list(self._recent)[-HOT_READINGS:]
+        recent = list(self._recent)
+        window, last = recent[-HOT_WINDOW:], recent[-HOT_READINGS:]
         held = (len(last) == HOT_READINGS and min(last) >= c.guard_c
-                and sum(self._recent) / len(self._recent) >= c.guard_c - HOT_MEAN_C)
-        self._span.append(reading)
-        climbed = not any(b - a > CLIMB_C_PER_S * c.period_s for a, b in itertools.pairwise(self._span))
-        self._past_c = max(min(last) - c.guard_c, 0.0) if held and climbed else 0.0
+                and sum(window) / len(window) >= c.guard_c - HOT_MEAN_C)
+        climbed = held and not any(b - a > CLIMB_C_PER_S * c.period_s
+                                   for a, b in itertools.pairwise(recent[-self._span:]))
+        self._past_c = max(min(last) - c.guard_c, 0.0) if climbed else 0.0
         return ahead_c >= c.guard_c or held
 
     def cap_w(self, power: float) -> float:
@@ -82,16 +83,16 @@ class Guard:
         c = self.config
         return float(c.guard_factor ** (1.0 + STEPS_PER_C * self._past_c)) * power
 
-    def capped(self, power: float) -> float | None:
-        """Count a sample the guard capped at ``power``; once the run is sustained, the integrator's ceiling, W.
+    def capped(self) -> bool:
+        """Count a sample the guard capped; True once the run is sustained (wind the integrator down to the cap).
 
         Sustained means :data:`WINDUP_S` worth of guard steps, an escalated sample counting as the steps it took:
         two seconds of deep cuts released the guard before three samples had passed, so the integrator was never
         wound down and the PI went back to the budget from before the cuts, on a die whose fan had stopped (held-out
-        review, session 21: a 4 s limit cycle). The ceiling is the cap itself.
+        review, session 21: a 4 s limit cycle).
         """
         self._steps += 1.0 + STEPS_PER_C * self._past_c
-        return self.cap_w(power) if self._steps >= WINDUP_S / self.config.period_s else None
+        return self._steps >= WINDUP_S / self.config.period_s
 
     def released(self) -> None:
         """A sample the guard did not cap: the run starts again."""

@@ -40,13 +40,12 @@ def test_readings_that_jumped_past_the_guard_get_the_plain_step() -> None:
     assert guard.cap_w(100.0) < 0.93 ** 10 * 100.0 + 1e-9
 
 
-def test_a_plain_guard_winds_the_integrator_down_after_three_samples_to_its_cap() -> None:
+def test_a_plain_guard_winds_the_integrator_down_after_three_samples() -> None:
     guard, _ = _fed([73.0, 74.0, 74.0, 74.0])
-    assert guard.capped(100.0) is None
-    assert guard.capped(93.0) is None
-    assert guard.capped(86.0) == pytest.approx(0.93 * 86.0)
+    assert guard.cap_w(86.0) == pytest.approx(0.93 * 86.0)  # what the integrator is wound down to
+    assert [guard.capped() for _ in range(3)] == [False, False, True]
     guard.released()
-    assert guard.capped(80.0) is None  # a new run counts again
+    assert not guard.capped()  # a new run counts again
 
 
 def test_deep_cuts_count_toward_winding_the_integrator_down() -> None:
@@ -55,4 +54,5 @@ def test_deep_cuts_count_toward_winding_the_integrator_down() -> None:
     fast die whose fan had stopped, a 4 s limit cycle (0 -> 11 s above 75 °C). An escalated sample now counts as the
     guard steps it took."""
     guard, _ = _fed([72.0, 73.0, 74.0, 75.0, 76.0])
-    assert guard.capped(100.0) == pytest.approx(100.0 * 0.93 ** 3)  # three steps at once: wound down now
+    assert guard.capped()  # three steps at once: wound down now, to the escalated cap
+    assert guard.cap_w(100.0) == pytest.approx(100.0 * 0.93 ** 3)

@@ -8,15 +8,16 @@ what notes the repeats while pydicom reads.
 
 from __future__ import annotations
 
-from pydicom.datadict import keyword_for_tag
+from pydicom.datadict import keyword_for_tag, tag_for_keyword
 from pydicom.dataset import Dataset
 
 from appliance.dicom import repeats
+from appliance.dicom.pixels import PIXEL_KEYWORDS
 from appliance.dicom.syntaxes import tag_label, tag_name
 
 __all__ = ["cut_short", "duplicated", "repeated_message"]
 
-_PIXEL_TAGS = frozenset({0x7FE00010, 0x7FE00008, 0x7FE00009})  # Pixel Data, Float and Double Float Pixel Data
+_PIXEL_TAGS = frozenset(tag_for_keyword(keyword) for keyword in PIXEL_KEYWORDS)
 
 #: The sequences whose items the pipelines read (the modality LUT; an enhanced image's functional groups and the
 #: macros inside them): a repeat inside their items is refused like one at the top level.
@@ -43,9 +44,10 @@ def cut_short(ds: Dataset) -> str | None:
         if before is not None and (why := _not_an_element(ds, int(last), int(tags[-2]))):
             # a length that lies swallows the elements after it, and the bytes where it ends read as a made-up tag
             # that runs past the end: naming that tag sent the reader looking for an element not in the file
-            return (f"{tag_label(int(tags[-2]))} declares {getattr(before, 'length', '?')} bytes, and what follows it "
-                    f"does not read as an element ({tag_label(int(last))}: {why}, {length} bytes long, {len(value)} "
-                    f"there): the length of {tag_label(int(tags[-2]))} is probably wrong")
+            liar = tag_label(int(tags[-2]))
+            return (f"{liar} declares {getattr(before, 'length', '?')} bytes, and what follows it does not read as an "
+                    f"element ({tag_label(int(last))}: {why}, {length} bytes long, {len(value)} there): the length "
+                    f"of {liar} is probably wrong")
         return f"the file ends inside {tag_label(int(last))}: {len(value)} of its {length} bytes are there (truncated)"
     return None
 

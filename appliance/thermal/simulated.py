@@ -41,7 +41,7 @@ class SimulatedThermometer(Thermometer):
         self.faults = FaultInjector(list(faults), seed)
         self._busy = 0.0
         self._last_t = clock.monotonic()
-        self._last_energy = 0.0
+        self._last_read = (self._last_t, 0.0)  # (time, plant energy) of the last read
 
     @property
     def ambient_c(self) -> float:
@@ -65,12 +65,14 @@ class SimulatedThermometer(Thermometer):
 
     def read(self) -> Reading:
         """Advance the plant to the clock's now and return a sensor sample with power and energy."""
-        t0 = self._last_t
         self._advance()
         now = self._last_t
         energy = self.plant.energy_j
-        power = (energy - self._last_energy) / (now - t0) if now > t0 else self.plant.power_w
-        self._last_energy = energy
+        # the average since the last read, as NVML's counter gives it: note_busy() advances the plant in between,
+        # and the energy since then over the time since then read 7795 W at a daemon's first read (session 22)
+        t0, e0 = self._last_read
+        power = (energy - e0) / (now - t0) if now > t0 else self.plant.power_w
+        self._last_read = (now, energy)
         value, error = self.faults.apply(now, self.sensor.read(self.plant))
         if error is not None:
             return Reading(None, error=error)

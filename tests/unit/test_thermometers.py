@@ -200,3 +200,16 @@ def test_sim_plant_follows_clock_and_busy() -> None:
     clock.advance(60.0)
     cool = therm.read()
     assert cool.temp_c is not None and cool.temp_c < hot.temp_c and cool.power_w is not None and cool.power_w < 40
+
+
+def test_the_simulated_power_is_the_average_since_the_last_read() -> None:
+    """Session 22: the daemon notes the busy fraction (which advances the plant) just before it reads; the first
+    read divided the energy since start by the microseconds in between and gave a daemon's models 7795 W."""
+    clock = ManualClock()
+    thermo = SimulatedThermometer(clock)
+    for _ in range(3):
+        clock.advance(30.0)
+        thermo.note_busy(0.0)
+        clock.advance(0.001)
+        reading = thermo.read()
+        assert reading.power_w == pytest.approx(thermo.plant.params.p_idle_w, rel=1e-6)

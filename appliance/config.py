@@ -196,6 +196,9 @@ class ThermalSection(Schema, frozen=True):
 
     sensor: Literal["auto", "nvml", "none", "sim"] = "auto"  # "auto": NVML if a GPU, else none
     period_s: Annotated[float, _range(0.05, 60.0)] = 1.0  # control period
+    # What the governor learned, kept across restarts (docs/thermal.md, "Restarts"); "" = $STATE_DIRECTORY/
+    # thermal-memory.json under systemd, else none.
+    state_file: str = ""
     # appliance.thermal.governor.ThermalConfig, which checks its own values (unknown keys refused by name).
     governor: ThermalConfig = msgspec.field(default_factory=ThermalConfig)
     sim: ThermalSimSection = msgspec.field(default_factory=ThermalSimSection)  # used when sensor = "sim"
@@ -300,7 +303,7 @@ def _validate(cfg: Config) -> None:
     paths = (("model.models_dir", cfg.model.models_dir), ("model.pipelines_dir", cfg.model.pipelines_dir),
              ("engine.cache_dir", cfg.engine.cache_dir), ("logging.uid_key_file", cfg.logging.uid_key_file),
              ("tls.cert_file", cfg.tls.cert_file), ("tls.key_file", cfg.tls.key_file),
-             ("tls.client_ca_file", cfg.tls.client_ca_file))
+             ("tls.client_ca_file", cfg.tls.client_ca_file), ("thermal.state_file", cfg.thermal.state_file))
     for key, value in paths:
         if value and not Path(value).is_absolute():  # relative to what the service ran in (/ under systemd)
             raise ConfigError(f"config key {key}: must be an absolute path, got {value!r} (a relative path would "

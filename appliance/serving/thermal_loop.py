@@ -24,6 +24,7 @@ from appliance.governor import Governor
 from appliance.serving.health import HealthState, ServiceState
 from appliance.serving.metrics import Metrics
 from appliance.thermal.control import HealthAction, ThermalController, health_action
+from appliance.thermal.memory import ThermalMemory, default_path
 from appliance.thermal.source import make_thermometer
 
 __all__ = ["ThermalLoop", "build_thermal", "nvml_index", "nvml_missing"]
@@ -73,6 +74,7 @@ def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engin
         clock=clock,
         busy_source=busy,
         require_sensor=gpu_engine and section.sensor != "none",
+        memory=ThermalMemory(default_path(section.state_file), section.governor),
     )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from appliance.clock import Clock, RealClock
 from appliance.thermal.governor import Governor, GovernorState, ThermalConfig
+from appliance.thermal.memory import Learned, ThermalMemory
 from appliance.thermal.source import Thermometer
 
 __all__ = ["HealthAction", "ThermalController", "ThermalStatus", "health_action"]
@@ -83,11 +84,13 @@ class ThermalController:
         clock: The clock (default: the real one).
         busy_source: Returns the fraction of the last period the engine computed.
         require_sensor: Treat a missing sensor as blind rather than disabled.
+        memory: Where the governor's learning is kept across restarts: recalled here, written every
+            :data:`~appliance.thermal.memory.KEEP_EVERY_S` and on :meth:`close` (docs/thermal.md, "Restarts").
     """
 
     def __init__(self, thermometer: Thermometer, governor: Governor | None = None,
                  clock: Clock | None = None, busy_source: Callable[[], float] | None = None,
-                 require_sensor: bool = False) -> None:
+                 require_sensor: bool = False, memory: ThermalMemory | None = None) -> None:
         self.thermometer = thermometer
         self.governor = governor or Governor(ThermalConfig())
         self.clock: Clock = clock or RealClock()
@@ -105,6 +108,13 @@ class ThermalController:
                         "the sensor)", thermometer.why_unavailable, self.governor.config.blind_duty)
         elif not self._enabled:
             log.info("thermal governor disabled: %s", thermometer.why_unavailable)
+        self.memory = memory if self._enabled else None
+        found = self.memory.recall(self.clock.monotonic()) if self.memory is not None else None
+        if found is not None:
+            learned, away_s = found
+            self.governor.resume(learned, away_s)
+            log.info("thermal governor resumed what it learned %.0f s ago (budget %s, %.0f W per duty)", away_s,
+                     "none yet" if learned.integral_w is None else f"{learned.integral_w:.0f} W", learned.w_per_duty)
 
     @property
     def enabled(self) -> bool:
@@ -167,7 +177,14 @@ class ThermalController:
             # the reading plus the governor's lead term (up to 1.4 °C above the sensor; reviews, session 14)
             if self.governor.last_decision.reading_c is not None:
                 self._temp = self.governor.last_decision.reading_c
+            learned = self.governor.learned() if self.memory is not None and self.memory.due(now) else None
+        self._keep(now, learned)
         return duty
+
+    def _keep(self, now: float, learned: Learned | None) -> None:
+        """Write the governor's learning (outside the lock: a slow disk must not hold status or pacing)."""
+        if self.memory is not None and learned is not None:
+            self.memory.keep(now, learned)
 
     def tick_safely(self) -> float:
         """:meth:`tick`, but a failure inside it (a bug, a wedged driver binding) counts as a failed read.
@@ -215,7 +232,10 @@ class ThermalController:
             )
 
     def close(self) -> None:
-        """Close the thermometer."""
+        """Keep what the governor learned (once it has run) and close the thermometer."""
+        with self._lock:
+            learned = self.governor.learned() if self._last_t is not None else None
+        self._keep(self.clock.monotonic(), learned)
         self.thermometer.close()
 
 

@@ -36,6 +36,15 @@ class DieModel:
         self._uses: deque[tuple[float, float]] = deque()  # (time, low-passed use) over SWING_S
         self._use_duty = 1.0  # the duty of the last period noted
 
+    @property
+    def now_w(self) -> float | None:
+        """The die model now, W (None before the first power)."""
+        return self._now
+
+    def seed(self, watts: float) -> None:
+        """Start the die model at ``watts`` instead of the first power (a restart on a warm die)."""
+        self._now = watts
+
     def advance(self, now_s: float, power: float, dt: float) -> None:
         """Take this period's power: the die model is power low-passed with ``die_tau_s``."""
         c = self.config

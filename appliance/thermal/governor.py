@@ -62,6 +62,7 @@ from appliance.thermal.boardpower import BoardPower
 from appliance.thermal.boost import LiveBoost
 from appliance.thermal.diemodel import DieModel
 from appliance.thermal.guard import Guard
+from appliance.thermal.memory import Learned
 from appliance.thermal.params import Decision, GovernorState, ThermalConfig
 from appliance.thermal.plausible import FallBound, ReadingVote
 from appliance.thermal.sensorcheck import FrozenCheck, FrozenDetector, FrozenSettings
@@ -143,6 +144,36 @@ class Governor:
     def integral_w(self) -> float | None:
         """The PI integrator, W (the learned sustainable budget); None before first activation."""
         return self._integral
+
+    def learned(self) -> Learned:
+        """What this governor learned that a restarted one may start from (:mod:`appliance.thermal.memory`)."""
+        die = self._die.now_w
+        sink = self._frozen.sink_model()[0] if die is not None else None
+        idle = self.config.p_idle_w
+        return Learned(self._integral, self._die.w_per_duty, idle if die is None else die, sink or idle)
+
+    def resume(self, learned: Learned, away_s: float) -> None:
+        """Start from what the governor before a restart learned, ``away_s`` ago (before the first update).
+
+        The budget and the watts per duty carry over as they are: the PI never resets them through idle hours
+        either. The die and heatsink models cool toward idle power over the time away, as the GPU did with no
+        daemon feeding it (docs/thermal.md, "Restarts").
+        """
+        if self._last_t is not None:
+            raise RuntimeError("Governor.resume() must come before the first update()")
+        c = self.config
+        idle = c.p_idle_w
+        self._die.w_per_duty = min(max(learned.w_per_duty, 0.25 * c.nameplate_w), 2.0 * c.nameplate_w)
+
+        def cooled(watts: float, tau_s: float) -> float:
+            return idle + (watts - idle) * math.exp(-max(away_s, 0.0) / tau_s)
+
+        die = cooled(learned.die_w, c.die_tau_s)
+        self._die.seed(die)
+        self._frozen.seed(die, cooled(learned.sink_w, c.sink_tau_s))
+        if learned.integral_w is not None:
+            w = self._die.w_per_duty
+            self._integral = min(max(learned.integral_w, idle + c.min_duty * w), idle + w)
 
     def update(
         self,

@@ -131,6 +131,7 @@ class FrozenDetector:
         self._model_ref = 0.0
         self._sink: float | None = None
         self._sink_ref = 0.0
+        self._seed: tuple[float, float] | None = None  # (die, heatsink) to start from instead of the first power
         self._per_w = 1.0 / settings.p_max_w
         self._expect_since: float | None = None
         self._last_t: float | None = None
@@ -173,8 +174,8 @@ class FrozenDetector:
         self._last_t = now
         self._per_w = 1.0 / (full_w if full_w is not None and full_w > 0.0 else s.p_max_w)
         if self._model is None or self._sink is None:  # start: the model needs a few time constants to be trusted
-            self._model = power
-            self._sink = power
+            self._model = power if self._seed is None else self._seed[0]
+            self._sink = power if self._seed is None else self._seed[1]
             self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
         self._model += (power - self._model) * min(dt / s.die_tau_s, 1.0)
         self._sink += (power - self._sink) * min(dt / s.sink_tau_s, 1.0)
@@ -236,9 +237,14 @@ class FrozenDetector:
             return 0.0
         return max(self._total_change_c() - self.UNSEEN_SLACK_C, 0.0)
 
+    def seed(self, die_w: float, sink_w: float) -> None:
+        """Start the two nodes at these powers instead of the first one (a restart on a warm GPU)."""
+        self._seed = (die_w, sink_w)
+
     def sink_model(self) -> tuple[float, float]:
         """The heatsink node as low-passed power, W, and °C per W of its change (0 without a heatsink rise)."""
-        return (self._sink or 0.0), self.s.sink_rise_c * self._per_w
+        sink = self._sink if self._sink is not None else self._seed[1] if self._seed is not None else 0.0
+        return sink, self.s.sink_rise_c * self._per_w
 
     def _die_c(self, delta_w: float) -> float:
         return self.s.die_rise_c * delta_w * self._per_w

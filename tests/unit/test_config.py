@@ -327,6 +327,22 @@ def test_build_thermal_uses_the_typed_sim_table(tmp_path: Path) -> None:
     assert controller.governor.config == cfg.thermal.governor
 
 
+def test_the_thermal_memory_lives_in_the_state_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from appliance.clock import ManualClock
+    from appliance.serving.app import build_thermal
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))  # StateDirectory= in the unit
+    cfg = load_config(None, {"thermal": {"sensor": "sim"}})
+    controller = build_thermal(cfg.thermal, ManualClock(), lambda: 0.0)
+    assert controller.memory is not None and controller.memory.path == tmp_path / "thermal-memory.json"
+    chosen = load_config(None, {"thermal": {"sensor": "sim", "state_file": str(tmp_path / "t.json")}})
+    assert build_thermal(chosen.thermal, ManualClock(), lambda: 0.0).memory.path == tmp_path / "t.json"  # type: ignore[union-attr]
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert build_thermal(cfg.thermal, ManualClock(), lambda: 0.0).memory.path is None  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="config key thermal.state_file: must be an absolute path"):
+        load_config(None, {"thermal": {"state_file": "thermal.json"}})
+
+
 @pytest.mark.parametrize(("sensor", "gpu", "warned"), [("auto", True, "thermal governor blind"), ("auto", False, None)])
 def test_a_missing_sensor_is_a_warning_when_a_gpu_needs_it(sensor: str, gpu: bool, warned: str | None,
                                                            caplog) -> None:

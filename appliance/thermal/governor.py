@@ -10,48 +10,22 @@ tests, benchmarks and outside tools drive it against their own plants::
     gov.state          # GovernorState.THROTTLING, ...
     gov.last_decision  # Decision(duty, budget_w, state, reason, headroom, ...)
 
-Design (``docs/thermal.md``):
+Design (``docs/thermal.md``, "Governor design", each point there with its figures):
 
-- A PI law computes a power *budget* ``I + Kp·e`` (e = setpoint − reading), with a gentler gain
-  below the setpoint than above it, and converts it to duty through a feed-forward model
-  ``duty = (budget − P_idle) / W_per_duty``. ``W_per_duty`` is learned online from measured power
-  and the achieved busy fraction; without power readings the nameplate model is used. The power comes from
-  :mod:`appliance.thermal.boardpower` (energy counter, else a power reading blended toward the duty model as far
-  as it scatters).
-- Anti-windup by conditional integration: the integrator only rises while the batcher actually used
-  its allowance (``busy ≥ duty − slack``) and the output is not saturated. Below the switch-on
-  temperature the integrator is *frozen*, never reset, so a burst after idle starts at the learned
-  sustainable budget.
-- Delay compensation: the PI regulates on the reading plus ``lead_gain`` of the change a power-driven die
-  model made over the last ``sensor_delay_s`` (what the die did that the sensor cannot show yet).
-- Noise filter: the P term acts on the reading through a 2 s first-order filter that follows the die model
-  between readings, so sensor noise no longer kicks the budget every second; the integrator and the guard keep
-  the raw reading.
-- Swing margin: under a load that comes and goes within seconds, the target is lowered by how far the die's peaks
-  stand above its mean, from the busy fraction over the duty (:meth:`DieModel.swing_c`); a steady load, full or
-  paced, has none.
-- Live boost: while the reading is demonstrably live and settled, the target rises by up to ``live_boost_c``
-  above ``setpoint_c``; any sign of a fault (a stalled reading while the model says the die warms, read errors
-  past ``hold_s``, BLIND) withdraws it, and frequent readings at ``guard_c`` shrink it, so every fault path
-  and the guard keep the commissioned margins.
-- A guard caps the budget at ``guard_factor × measured power`` while the reading (with the lead) is ≥ ``guard_c``,
-  and while two readings in a row are (the last four within 0.5 °C of it on average), whatever the lead predicts
-  (a stopped fan's heatsink holds the die up). While it holds with the duty already at ``min_duty``, the PI may
-  go under ``min_duty`` down to 0 ("hot at the floor"): a die that min_duty keeps at the guard is paced below it.
-- A believed reading is taken no lower than the recent readings' envelope (carried by the die and heatsink
-  models) less ``fall_margin_c`` (:class:`~appliance.thermal.plausible.FallBound`): a glitch stream a few degrees
-  low, or a reading that stepped down and froze, is not a cool die. After a reading is rejected as a glitch the
-  margin is ``fall_doubt_margin_c`` for a while, and a stream of outvoted readings (the die, when the glitches
-  are the majority) raises the envelope too.
-- The fail-safe: read errors and implausible values hold the last duty ≤ ``hold_s`` and then fall
-  back to the commissioned ``blind_duty`` until ``recover_samples`` good samples (2 after a read outage that
-  began at most ``short_outage_s`` ago, with no implausible value in it); a frozen but
-  plausible reading is judged by :mod:`appliance.thermal.sensorcheck` (a power-driven die model, a
-  ramped duty probe when the reading is stiller than its history makes plausible, and no budget
-  increase on an unchanged reading) and also goes BLIND, with the reason (reached from a lower duty by a ramp,
-  never a jump; a stuck reading that moves at or above ``guard_c`` is recovered at the lowest duty); a lost GPU
-  stops dispatch at once (``STOPPED``, terminal); a reading ≥ ``emergency_c`` for ``emergency_s`` at minimum duty pauses
-  dispatch until it falls to the setpoint.
+- A PI law in the power domain: budget ``I + Kp·e``, duty ``(budget − P_idle) / W_per_duty`` with ``W_per_duty``
+  learned from measured power (:mod:`~appliance.thermal.boardpower`) and the busy fraction; Kp gentler below the
+  setpoint than above. Anti-windup by conditional integration; below switch-on the integrator is frozen, never
+  reset, and :meth:`Governor.resume` carries it (and the models) across a restart of the daemon ("Restarts").
+- On the reading: delay compensation (the lead of a power-driven die model), a noise filter for the P term, a
+  swing margin for loads that come and go within seconds, and a live boost while the sensor is demonstrably live
+  (:mod:`~appliance.thermal.diemodel`, :mod:`~appliance.thermal.boost`).
+- A guard at ``guard_c`` caps the budget, escalating while readings climb past it (:mod:`~appliance.thermal.guard`;
+  "hot at the floor" lets the duty under ``min_duty``).
+- Which readings to believe: a vote of recent readings, the jump test, and a fall bound that takes a believed
+  reading no lower than the models allow (:mod:`~appliance.thermal.plausible`).
+- The fail-safe: read errors hold the last duty ≤ ``hold_s`` then fall to ``blind_duty`` until ``recover_samples``
+  good samples; a frozen plausible reading is judged by :mod:`~appliance.thermal.sensorcheck` and goes BLIND; a lost
+  GPU stops dispatch for good (``STOPPED``); ``emergency_c`` for ``emergency_s`` at minimum duty pauses dispatch.
 """
 
 from __future__ import annotations

@@ -109,12 +109,9 @@ class ThermalController:
         elif not self._enabled:
             log.info("thermal governor disabled: %s", thermometer.why_unavailable)
         self.memory = memory if self._enabled else None
-        found = self.memory.recall(self.clock.monotonic()) if self.memory is not None else None
-        if found is not None:
-            learned, away_s = found
-            self.governor.resume(learned, away_s)
-            log.info("thermal governor resumed what it learned %.0f s ago (budget %s, %.0f W per duty)", away_s,
-                     "none yet" if learned.integral_w is None else f"{learned.integral_w:.0f} W", learned.w_per_duty)
+        self._recall_pending = self.memory is not None
+        self.resumed_after_s: float | None = None
+        """How long before the first sample the memory this governor resumed from was kept, s (None: afresh)."""
 
     @property
     def enabled(self) -> bool:
@@ -171,6 +168,7 @@ class ThermalController:
                 self._above_s += dt
             if reading.error is not None:
                 self._errors[reading.error] += 1
+            self._recall(now)
             duty = self.governor.update(now, reading.temp_c, reading.power_w, busy,
                                         energy_j=reading.energy_j, error=reading.error)
             # the last good reading itself, as documented: status showed 0 °C in HOLDING/BLIND, and in regulation
@@ -180,6 +178,24 @@ class ThermalController:
             learned = self.governor.learned() if self.memory is not None and self.memory.due(now) else None
         self._keep(now, learned)
         return duty
+
+    def _recall(self, now: float) -> None:
+        """Resume what the last daemon's governor learned, once, at the first sample.
+
+        Not when the controller is made: the engine may take minutes to build after that, and the GPU idles
+        meanwhile, so the models must cool for all of it.
+        """
+        if not self._recall_pending or self.memory is None:
+            return
+        self._recall_pending = False
+        found = self.memory.recall(now)
+        if found is None:
+            return
+        learned, away_s = found
+        self.governor.resume(learned, away_s)
+        self.resumed_after_s = away_s
+        log.info("thermal governor resumed what it learned %.0f s ago (budget %s, %.0f W per duty)", away_s,
+                 "none yet" if learned.integral_w is None else f"{learned.integral_w:.0f} W", learned.w_per_duty)
 
     def _keep(self, now: float, learned: Learned | None) -> None:
         """Write the governor's learning (outside the lock: a slow disk must not hold status or pacing)."""
@@ -207,7 +223,9 @@ class ThermalController:
             return self.duty
         with self._lock:
             self._errors[error] += 1
-            return self.governor.update(self.clock.monotonic(), None, error=error)
+            now = self.clock.monotonic()
+            self._recall(now)
+            return self.governor.update(now, None, error=error)
 
     def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
         """Tick every ``period_s`` on the clock until ``stop`` is set (for a daemon thread)."""

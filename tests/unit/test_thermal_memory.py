@@ -181,8 +181,17 @@ def test_the_controller_keeps_its_learning_and_the_next_one_starts_from_it(tmp_p
     clock.advance(4.0)  # systemd restarts the service
     again = SimulatedThermometer(clock, ambient_c=38.0, sensor=tp.SensorParams(1.0, "floor", 0.0))
     again.plant = thermo.plant
-    second = ThermalController(again, clock=clock, busy_source=lambda: used[-1], memory=memory(tmp_path, boot))
+    second = ThermalController(again, clock=clock, busy_source=lambda: 0.0, memory=memory(tmp_path, boot))
+    clock.advance(30.0)  # the engine loads before the first sample: the GPU idles meanwhile
+    assert second.resumed_after_s is None  # resumed at the first sample, not before
+    second.tick()
+    assert second.resumed_after_s == 34.0
+    # an idle second moves nothing: the budget is the one the first daemon learned
     assert second.governor.integral_w == first.governor.integral_w
+    # a first sample that failed resumes too (before the governor's first update)
+    third = ThermalController(again, clock=clock, memory=memory(tmp_path, boot))
+    third.tick_missing()
+    assert third.resumed_after_s is not None and third.governor.integral_w == first.governor.integral_w
     # a controller without a thermometer keeps nothing
     (tmp_path / "thermal-memory.json").unlink()
     idle = ThermalController(NoThermometer(), clock=clock, memory=memory(tmp_path, boot))

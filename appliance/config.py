@@ -197,7 +197,7 @@ class ThermalSection(Schema, frozen=True):
     sensor: Literal["auto", "nvml", "none", "sim"] = "auto"  # "auto": NVML if a GPU, else none
     period_s: Annotated[float, _range(0.05, 60.0)] = 1.0  # control period
     # What the governor learned, kept across restarts (docs/thermal.md, "Restarts"); "" = $STATE_DIRECTORY/
-    # thermal-memory.json under systemd, else none.
+    # thermal-memory-gpu<N>.json (N: the NVML index watched) under systemd, else none.
     state_file: str = ""
     # appliance.thermal.governor.ThermalConfig, which checks its own values (unknown keys refused by name).
     governor: ThermalConfig = msgspec.field(default_factory=ThermalConfig)

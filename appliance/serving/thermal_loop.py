@@ -60,21 +60,24 @@ def build_thermal(section: ThermalSection, clock: Clock, busy: Any, *, gpu_engin
     the GPU the engine runs on (:func:`nvml_index`).
     """
     sim = section.sim
+    index = nvml_index(cuda_device)
     try:
         thermometer = make_thermometer(section.sensor, clock=clock, plant=sim.plant, sensor=sim.sensor_params(),
-                                       ambient_c=sim.ambient_c, index=nvml_index(cuda_device))
+                                       ambient_c=sim.ambient_c, index=index)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config key thermal.sim: {e}") from e
     if section.sensor == "nvml" and not thermometer.available:  # asked for by name: not a quiet CPU-box default
         thermometer.close()
         raise BackendUnavailable(nvml_missing(thermometer.why_unavailable))
+    memory = ThermalMemory(default_path(section.state_file, index), section.governor,
+                           thermometer.identity)
     return ThermalController(
         thermometer,
         Governor(section.governor),
         clock=clock,
         busy_source=busy,
         require_sensor=gpu_engine and section.sensor != "none",
-        memory=ThermalMemory(default_path(section.state_file), section.governor),
+        memory=memory,
     )
 
 

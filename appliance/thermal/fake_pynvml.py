@@ -137,6 +137,11 @@ class FakePynvml(_Module):
         self._call("nvmlDeviceGetName")
         return "Fake RTX"
 
+    def nvmlDeviceGetUUID(self, handle: object) -> str:  # noqa: N802
+        """Return the GPU's UUID (``GPU-`` and a per-index made-up value)."""
+        self._call("nvmlDeviceGetUUID")
+        return f"GPU-fa4e0000-0000-4000-8000-{handle[1] if isinstance(handle, tuple) else 0:012d}"
+
     def nvmlDeviceGetTemperatureV(self, handle: object, sensor: int,  # noqa: N802
                                   version: int = pynvml.nvmlTemperature_v1) -> int:
         """Return the integer temperature, °C."""

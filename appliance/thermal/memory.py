@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,6 @@ KEEP_EVERY_S = 10.0
 #: The kernel's id of this boot: monotonic time is comparable across processes of one boot only.
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _VERSION = 1
-_FILE_NAME = "thermal-memory.json"
 
 
 @dataclass(frozen=True)
@@ -66,19 +66,27 @@ class Learned:
         return ""
 
 
-def fingerprint(config: ThermalConfig) -> str:
-    """A digest of the governor's settings: a memory learned under other settings (recommissioned) is not used."""
-    text = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+def fingerprint(config: ThermalConfig, identity: str = "") -> str:
+    """A digest of the governor's settings and the GPU's identity.
+
+    What was learned under other settings (recommissioned) or on another GPU (two daemons sharing a state
+    directory) is not used.
+    """
+    text = json.dumps([dataclasses.asdict(config), identity], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def default_path(configured: str, environ: dict[str, str] | None = None) -> Path | None:
-    """Where the memory lives: ``thermal.state_file``, else ``$STATE_DIRECTORY`` under systemd, else nowhere."""
+def default_path(configured: str, index: int = 0, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where the memory of GPU ``index`` lives.
+
+    ``thermal.state_file``, else ``thermal-memory-gpu<index>.json`` in ``$STATE_DIRECTORY`` under systemd, else
+    nowhere.
+    """
     if configured:
         return Path(configured)
     env = os.environ if environ is None else environ
     state = env.get("STATE_DIRECTORY", "")
-    return Path(state.split(":")[0]) / _FILE_NAME if state else None
+    return Path(state.split(":")[0]) / f"thermal-memory-gpu{index}.json" if state else None
 
 
 class ThermalMemory:
@@ -86,13 +94,15 @@ class ThermalMemory:
 
     Args:
         path: The file; its directory must exist (systemd's ``StateDirectory=``).
-        config: The governor's settings (their :func:`fingerprint` is kept and compared).
+        config: The governor's settings (their :func:`fingerprint` with ``identity`` is kept and compared).
+        identity: The GPU's (:attr:`~appliance.thermal.source.Thermometer.identity`: NVML's UUID).
         boot_id: Where the kernel's boot id is read (a test points it elsewhere).
     """
 
-    def __init__(self, path: Path | None, config: ThermalConfig, *, boot_id: Path = BOOT_ID) -> None:
+    def __init__(self, path: Path | None, config: ThermalConfig, identity: str = "", *,
+                 boot_id: Path = BOOT_ID) -> None:
         self.path = path
-        self._print = fingerprint(config)
+        self._print = fingerprint(config, identity)
         self._config = config
         self._boot = _read_boot_id(boot_id)
         if path is not None and not self._boot:
@@ -127,7 +137,7 @@ class ThermalMemory:
         if doc.get("boot_id") != self._boot or not self._boot:
             return None, "kept before the last boot"
         if doc.get("settings") != self._print:
-            return None, "kept under other thermal.governor settings"
+            return None, "kept under other thermal.governor settings or for another GPU"
         kept = doc.get("monotonic_s")
         if not isinstance(kept, (int, float)) or not math.isfinite(kept):
             return None, "no time kept"

@@ -102,6 +102,7 @@ class NvmlThermometer(Thermometer):
         self.index = index
         self._nvml: Any = nvml  # the pynvml module or a FakePynvml; None until _open()
         self._handle: object | None = None
+        self._uuid = ""
         self._why = ""
         self._temp_fn = "nvmlDeviceGetTemperatureV"
         self._reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
@@ -124,6 +125,7 @@ class NvmlThermometer(Thermometer):
                 nv.nvmlShutdown()
                 return
             self._handle = nv.nvmlDeviceGetHandleByIndex(self.index)
+            self._uuid = self._read_uuid()
         except nv.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
@@ -133,6 +135,18 @@ class NvmlThermometer(Thermometer):
             else:
                 self._why = f"NVML init failed: {exc} (code {code})"
             log.info("NVML unavailable: %s", self._why)
+
+    def _read_uuid(self) -> str:
+        try:
+            uuid = self._nvml.nvmlDeviceGetUUID(self._handle)
+        except Exception:  # noqa: BLE001 - an identity is a nicety: NVMLError, or a binding without the call
+            return ""
+        return uuid.decode(errors="replace") if isinstance(uuid, bytes) else str(uuid)
+
+    @property
+    def identity(self) -> str:
+        """The GPU's UUID, else ``nvml:<index>`` (a driver that does not answer for it)."""
+        return self._uuid or f"nvml:{self.index}"
 
     @property
     def available(self) -> bool:

@@ -56,6 +56,11 @@ class Thermometer(abc.ABC):
         """Why ``available`` is False ('' when available)."""
         return ""
 
+    @property
+    def identity(self) -> str:
+        """Which GPU this is, as far as the source knows (NVML: its UUID); what the governor learned belongs to it."""
+        return self.name
+
     @abc.abstractmethod
     def read(self) -> Reading:
         """Return one sample."""

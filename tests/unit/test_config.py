@@ -334,7 +334,7 @@ def test_the_thermal_memory_lives_in_the_state_directory(tmp_path: Path, monkeyp
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))  # StateDirectory= in the unit
     cfg = load_config(None, {"thermal": {"sensor": "sim"}})
     controller = build_thermal(cfg.thermal, ManualClock(), lambda: 0.0)
-    assert controller.memory is not None and controller.memory.path == tmp_path / "thermal-memory.json"
+    assert controller.memory is not None and controller.memory.path == tmp_path / "thermal-memory-gpu0.json"
     chosen = load_config(None, {"thermal": {"sensor": "sim", "state_file": str(tmp_path / "t.json")}})
     assert build_thermal(chosen.thermal, ManualClock(), lambda: 0.0).memory.path == tmp_path / "t.json"  # type: ignore[union-attr]
     monkeypatch.delenv("STATE_DIRECTORY")

@@ -13,9 +13,11 @@ import pytest
 from appliance.clock import ManualClock
 from appliance.thermal import plant as tp
 from appliance.thermal.control import ThermalController
+from appliance.thermal.fake_pynvml import FakePynvml
 from appliance.thermal.governor import Governor, GovernorState, ThermalConfig
 from appliance.thermal.matrix import MatrixPlant, matrix_plants
 from appliance.thermal.memory import MAX_AGE_S, Learned, ThermalMemory, default_path
+from appliance.thermal.nvml import NvmlThermometer
 from appliance.thermal.sim import Profile, ideal_tracker
 from appliance.thermal.simulated import SimulatedThermometer
 from appliance.thermal.source import NoThermometer
@@ -102,11 +104,27 @@ def test_a_failed_write_is_logged_once_and_never_raises(tmp_path: Path, boot: Pa
 
 
 def test_where_the_memory_lives() -> None:
-    assert default_path("/srv/t.json", {"STATE_DIRECTORY": "/var/lib/appliance"}) == Path("/srv/t.json")
-    assert default_path("", {"STATE_DIRECTORY": "/var/lib/appliance:/var/lib/x"}) == Path(
-        "/var/lib/appliance/thermal-memory.json")
-    assert default_path("", {}) is None
+    assert default_path("/srv/t.json", 0, {"STATE_DIRECTORY": "/var/lib/appliance"}) == Path("/srv/t.json")
+    assert default_path("", 1, {"STATE_DIRECTORY": "/var/lib/appliance:/var/lib/x"}) == Path(
+        "/var/lib/appliance/thermal-memory-gpu1.json")
+    assert default_path("", 0, {}) is None
     assert ThermalMemory(None, ThermalConfig()).recall(0.0) is None
+
+
+def test_a_memory_belongs_to_its_gpu(tmp_path: Path, boot: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two daemons, one per GPU, sharing a state file (thermal.state_file set alike in both configs): neither
+    starts from the other's GPU's budget."""
+    nv = FakePynvml(device_count=2)
+    gpu0, gpu1 = NvmlThermometer(0, nvml=nv), NvmlThermometer(1, nvml=nv)
+    assert gpu0.identity.startswith("GPU-") and gpu0.identity != gpu1.identity
+    path = tmp_path / "shared.json"
+    ThermalMemory(path, ThermalConfig(), gpu0.identity, boot_id=boot).keep(100.0, LEARNED)
+    assert ThermalMemory(path, ThermalConfig(), gpu0.identity, boot_id=boot).recall(101.0) == (LEARNED, 1.0)
+    with caplog.at_level(logging.INFO, logger="appliance.thermal.memory"):
+        assert ThermalMemory(path, ThermalConfig(), gpu1.identity, boot_id=boot).recall(101.0) is None
+    assert "for another GPU" in caplog.text
+    nv.missing.add("nvmlDeviceGetUUID")  # a driver that does not answer for the UUID: the index stands in
+    assert NvmlThermometer(1, nvml=nv).identity == "nvml:1"
 
 
 def test_resume_cools_the_models_for_the_time_away() -> None:

@@ -30,6 +30,7 @@ class DieModel:
         self.then = 0.0
         """The die model sensor_delay_s ago, W (what the reading should show now)."""
         self._now: float | None = None  # the die model now, W
+        self._seed: float | None = None  # where a restart starts it (Governor.resume), W
         self._hist: deque[tuple[float, float]] = deque(maxlen=int(c.sensor_delay_s / c.period_s) + 8)
         self._filtered: tuple[float, float, float] | None = None  # (time, filtered reading, delayed model)
         self._use: float | None = None  # the share of its allowance the load used, low-passed like the die
@@ -38,18 +39,21 @@ class DieModel:
 
     @property
     def now_w(self) -> float | None:
-        """The die model now, W (None before the first power)."""
-        return self._now
+        """The die model now, W (before the first power: the seed, if any)."""
+        return self._now if self._now is not None else self._seed
 
     def seed(self, watts: float) -> None:
-        """Start the die model at ``watts`` instead of the first power (a restart on a warm die)."""
-        self._now = watts
+        """Start the die model at ``watts``, or the first power if that is higher (a restart on a warm die).
+
+        A first power above the seed says the GPU was not idle while no daemon ran (docs/thermal.md, "Restarts").
+        """
+        self._seed = watts
 
     def advance(self, now_s: float, power: float, dt: float) -> None:
         """Take this period's power: the die model is power low-passed with ``die_tau_s``."""
         c = self.config
         if self._now is None:
-            self._now = power
+            self._now = power if self._seed is None else max(self._seed, power)
         else:
             self._now += (power - self._now) * min(dt / c.die_tau_s, 1.0)
         self._hist.append((now_s, self._now))

@@ -174,8 +174,11 @@ class FrozenDetector:
         self._last_t = now
         self._per_w = 1.0 / (full_w if full_w is not None and full_w > 0.0 else s.p_max_w)
         if self._model is None or self._sink is None:  # start: the model needs a few time constants to be trusted
-            self._model = power if self._seed is None else self._seed[0]
-            self._sink = power if self._seed is None else self._seed[1]
+            # seeded by a restart: no lower than the first power, which says whether the GPU idled meanwhile (a
+            # heatsink model seeded cool under a GPU that had run climbed, and the fall bound made each true reading a
+            # jump: 171 s of false BLIND; held-out review, session 22)
+            self._model = power if self._seed is None else max(self._seed[0], power)
+            self._sink = power if self._seed is None else max(self._seed[1], power)
             self._warm_until = now + 3.0 * s.die_tau_s + s.sensor_delay_s
         self._model += (power - self._model) * min(dt / s.die_tau_s, 1.0)
         self._sink += (power - self._sink) * min(dt / s.sink_tau_s, 1.0)
@@ -238,7 +241,7 @@ class FrozenDetector:
         return max(self._total_change_c() - self.UNSEEN_SLACK_C, 0.0)
 
     def seed(self, die_w: float, sink_w: float) -> None:
-        """Start the two nodes at these powers instead of the first one (a restart on a warm GPU)."""
+        """Start the two nodes at these powers, or the first power where that is higher (a restart on a warm GPU)."""
         self._seed = (die_w, sink_w)
 
     def sink_model(self) -> tuple[float, float]:

@@ -250,10 +250,12 @@ class ThermalController:
             )
 
     def close(self) -> None:
-        """Keep what the governor learned (once it has run) and close the thermometer."""
+        """Keep what the governor learned (once it has run), waiting at most 2 s for the disk; close the thermometer."""
         with self._lock:
             learned = self.governor.learned() if self._last_t is not None else None
         self._keep(self.clock.monotonic(), learned)
+        if self.memory is not None and not self.memory.flush(2.0):
+            log.warning("thermal memory %s not written within 2 s at stop", self.memory.path)
         self.thermometer.close()
 
 

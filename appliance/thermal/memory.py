@@ -20,6 +20,8 @@ import json
 import logging
 import math
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +112,10 @@ class ThermalMemory:
                         boot_id)
         self._kept_at: float | None = None
         self._failed = False  # a failed write is logged once, until one succeeds again
+        self._wake = threading.Condition()
+        self._pending: tuple[float, Learned] | None = None  # the newest learning not yet written
+        self._writing = False
+        self._writer: threading.Thread | None = None
 
     def recall(self, now_s: float) -> tuple[Learned, float] | None:
         """The kept :class:`Learned` and how long ago it was kept, s; None (and why, in the log) when unusable."""
@@ -159,10 +165,51 @@ class ThermalMemory:
         return self.path is not None and (self._kept_at is None or now_s - self._kept_at >= KEEP_EVERY_S)
 
     def keep(self, now_s: float, learned: Learned) -> None:
-        """Write ``learned`` atomically (a new file renamed over the old), owner-only; a failure is logged once."""
+        """Hand ``learned`` to the writer thread (the newest waiting one wins) and return at once.
+
+        The controller calls this from the thermal sample: a slow or hung disk (a failing card, a network mount) must
+        not stall the sample, which the daemon would count as a failed read and hold, then go BLIND on.
+        """
         if self.path is None or not self._boot:
             return
         self._kept_at = now_s
+        with self._wake:
+            self._pending = (now_s, learned)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="thermal-memory", daemon=True)
+                self._writer.start()
+            self._wake.notify_all()
+
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """Wait until what was handed over is on disk (at stop); False when the disk did not answer in time."""
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            while self._pending is not None or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0.0:
+                    return False
+                self._wake.wait(left)
+        return True
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None:
+                    self._wake.wait()
+                (now_s, learned), self._pending = self._pending, None
+                self._writing = True
+            try:
+                self._write(now_s, learned)
+            except BaseException:  # noqa: BLE001 - the writer must outlive anything a write raises; said once
+                log.exception("thermal memory writer failed")
+            finally:
+                with self._wake:
+                    self._writing = False
+                    self._wake.notify_all()
+
+    def _write(self, now_s: float, learned: Learned) -> None:
+        """Write atomically (a new file renamed over the old), owner-only; a failure is logged once."""
+        assert self.path is not None
         doc: dict[str, Any] = {"version": _VERSION, "boot_id": self._boot, "settings": self._print,
                                "monotonic_s": now_s, "learned": dataclasses.asdict(learned)}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

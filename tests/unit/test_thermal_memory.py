@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,8 +38,13 @@ def memory(tmp_path: Path, boot: Path, config: ThermalConfig | None = None) -> T
     return ThermalMemory(tmp_path / "thermal-memory.json", config or ThermalConfig(), boot_id=boot)
 
 
+def written(memory: ThermalMemory, now_s: float, learned: Learned) -> None:
+    memory.keep(now_s, learned)
+    assert memory.flush(5.0)
+
+
 def test_what_is_kept_is_recalled_with_its_age(tmp_path: Path, boot: Path) -> None:
-    memory(tmp_path, boot).keep(100.0, LEARNED)
+    written(memory(tmp_path, boot), 100.0, LEARNED)
     assert memory(tmp_path, boot).recall(130.0) == (LEARNED, 30.0)
     path = tmp_path / "thermal-memory.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -68,7 +75,7 @@ def _rewrite(path: Path, **changes: object) -> None:
 ])
 def test_a_memory_that_cannot_be_this_run_s_is_ignored_with_the_reason(
         tmp_path: Path, boot: Path, caplog: pytest.LogCaptureFixture, change: dict[str, object], why: str) -> None:
-    memory(tmp_path, boot).keep(100.0, LEARNED)
+    written(memory(tmp_path, boot), 100.0, LEARNED)
     _rewrite(tmp_path / "thermal-memory.json", **change)
     with caplog.at_level(logging.INFO, logger="appliance.thermal.memory"):
         assert memory(tmp_path, boot).recall(110.0) is None
@@ -78,7 +85,7 @@ def test_a_memory_that_cannot_be_this_run_s_is_ignored_with_the_reason(
 def test_other_settings_corrupt_files_and_no_file_start_afresh(
         tmp_path: Path, boot: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert memory(tmp_path, boot).recall(0.0) is None  # no file yet: nothing to say
-    memory(tmp_path, boot).keep(100.0, LEARNED)
+    written(memory(tmp_path, boot), 100.0, LEARNED)
     with caplog.at_level(logging.INFO, logger="appliance.thermal.memory"):
         # recommissioned (another setpoint): what was learned under the old settings is not used
         assert memory(tmp_path, boot, ThermalConfig(setpoint_c=71.0)).recall(110.0) is None
@@ -89,7 +96,7 @@ def test_other_settings_corrupt_files_and_no_file_start_afresh(
     with caplog.at_level(logging.WARNING, logger="appliance.thermal.memory"):
         none = ThermalMemory(tmp_path / "other.json", ThermalConfig(), boot_id=tmp_path / "missing")
     assert "thermal memory off: no boot id" in caplog.text
-    none.keep(1.0, LEARNED)
+    written(none, 1.0, LEARNED)
     assert not (tmp_path / "other.json").exists() and none.recall(2.0) is None
 
 
@@ -97,8 +104,8 @@ def test_a_failed_write_is_logged_once_and_never_raises(tmp_path: Path, boot: Pa
                                                          caplog: pytest.LogCaptureFixture) -> None:
     lost = ThermalMemory(tmp_path / "gone" / "thermal-memory.json", ThermalConfig(), boot_id=boot)
     with caplog.at_level(logging.WARNING, logger="appliance.thermal.memory"):
-        lost.keep(1.0, LEARNED)
-        lost.keep(12.0, LEARNED)
+        written(lost, 1.0, LEARNED)
+        written(lost, 12.0, LEARNED)
     assert caplog.text.count("not written") == 1
     assert not lost.due(20.0) and lost.due(22.0)
 
@@ -118,7 +125,7 @@ def test_a_memory_belongs_to_its_gpu(tmp_path: Path, boot: Path, caplog: pytest.
     gpu0, gpu1 = NvmlThermometer(0, nvml=nv), NvmlThermometer(1, nvml=nv)
     assert gpu0.identity.startswith("GPU-") and gpu0.identity != gpu1.identity
     path = tmp_path / "shared.json"
-    ThermalMemory(path, ThermalConfig(), gpu0.identity, boot_id=boot).keep(100.0, LEARNED)
+    written(ThermalMemory(path, ThermalConfig(), gpu0.identity, boot_id=boot), 100.0, LEARNED)
     assert ThermalMemory(path, ThermalConfig(), gpu0.identity, boot_id=boot).recall(101.0) == (LEARNED, 1.0)
     with caplog.at_level(logging.INFO, logger="appliance.thermal.memory"):
         assert ThermalMemory(path, ThermalConfig(), gpu1.identity, boot_id=boot).recall(101.0) is None
@@ -213,12 +220,43 @@ def test_the_controller_keeps_its_learning_and_the_next_one_starts_from_it(tmp_p
     third.tick_missing()
     assert third.resumed_after_s is not None and third.governor.integral_w is not None
     assert abs(third.governor.integral_w - learned) < 3.0
+    for ctl in (second, third):  # their first samples' writes are done
+        assert ctl.memory is not None and ctl.memory.flush(5.0)
     # a controller without a thermometer keeps nothing
     (tmp_path / "thermal-memory.json").unlink()
     idle = ThermalController(NoThermometer(), clock=clock, memory=memory(tmp_path, boot))
     idle.tick()
     idle.close()
     assert not (tmp_path / "thermal-memory.json").exists()
+
+
+def test_a_disk_that_hangs_never_stalls_the_thermal_sample(tmp_path: Path, boot: Path, caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing card or a network mount can block a write for seconds; the daemon counts a sample that does not
+    answer within the period as a failed read (HOLDING, then BLIND). The write happens on a thread of its own."""
+    release = threading.Event()
+    real_replace = os.replace
+
+    def hung_replace(src: object, dst: object) -> None:
+        release.wait(10.0)
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("appliance.thermal.memory.os.replace", hung_replace)
+    clock = ManualClock(1000.0)
+    thermo = SimulatedThermometer(clock, sensor=tp.SensorParams(1.0, "floor", 0.0))
+    ctl = ThermalController(thermo, clock=clock, busy_source=lambda: 1.0, memory=memory(tmp_path, boot))
+    for _ in range(30):  # three writes due while the first hangs
+        done = threading.Event()
+        threading.Thread(target=lambda ev=done: (ctl.tick(), ev.set()), daemon=True).start()
+        assert done.wait(5.0), "a tick waited for the disk"
+        clock.advance(1.0)
+    with caplog.at_level(logging.WARNING, logger="appliance.thermal.control"):
+        ctl.close()  # waits 2 s for the disk, then says so and goes on
+    assert "not written within 2 s at stop" in caplog.text
+    release.set()
+    assert ctl.memory is not None and ctl.memory.flush(5.0)
+    kept = json.loads((tmp_path / "thermal-memory.json").read_text())
+    assert kept["monotonic_s"] == 1030.0  # the newest learning, written once the disk answered
 
 
 def _stop_and_restart(row: MatrixPlant, before: list[float], warmer_c: float, gap_s: int, gap_busy: float,

@@ -4,8 +4,10 @@ engine progress, SIGTERM drain and exit 0."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -27,8 +29,9 @@ def _config(tmp_path: Path, port: int, engine_options: str = "") -> Path:
                               engine=f"options = {{ {engine_options} }}")
 
 
-def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": str(watchdog_usec)}
+def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000,
+           env_extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": str(watchdog_usec), **(env_extra or {})}
     env.pop("WATCHDOG_PID", None)
     return subprocess.Popen(
         [sys.executable, "-m", "appliance.cli", "serve", "--config", str(cfg)],
@@ -39,10 +42,11 @@ def _start(cfg: Path, notify: FakeNotifySocket, watchdog_usec: int = 400_000) ->
 
 
 @contextlib.contextmanager
-def _ready(cfg: Path) -> Iterator[tuple[subprocess.Popen[bytes], FakeNotifySocket]]:
+def _ready(cfg: Path, env_extra: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes],
+                                                                                FakeNotifySocket]]:
     """A daemon on ``cfg`` that has sent READY=1; killed on the way out if it is still running."""
     with FakeNotifySocket() as notify:
-        proc = _start(cfg, notify)
+        proc = _start(cfg, notify, env_extra=env_extra)
         try:
             assert notify.wait_for("READY=1", timeout=60), notify.messages()
             yield proc, notify
@@ -196,3 +200,29 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(tmp_path: Path) ->
         if proc.poll() is None:
             proc.kill()
         notify.close()
+
+
+def test_the_thermal_memory_outlives_the_process(tmp_path: Path) -> None:
+    """docs/thermal.md, "Restarts": under systemd (``$STATE_DIRECTORY``) the daemon keeps what its governor learned
+    and the next daemon starts from it."""
+    cfg = _config(tmp_path, free_port())
+    cfg.write_text(cfg.read_text().replace('[thermal]\nsensor = "none"', '[thermal]\nsensor = "sim"\nperiod_s = 0.2'))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    memory = state / "thermal-memory-gpu0.json"
+    outputs = []
+    for _ in range(2):
+        with _ready(cfg, {"STATE_DIRECTORY": str(state)}) as (proc, _notify):
+            deadline = time.monotonic() + 20
+            while not memory.exists() and time.monotonic() < deadline:  # the first sample writes it
+                time.sleep(0.05)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
+        outputs.append(out.decode(errors="replace"))
+        kept = json.loads(memory.read_text())
+        assert kept["version"] == 1 and set(kept["learned"]) == {"integral_w", "w_per_duty", "die_w", "sink_w"}
+        assert stat.S_IMODE(memory.stat().st_mode) == 0o600
+    assert "resumed what it learned" not in outputs[0]
+    assert "thermal governor resumed what it learned" in outputs[1], outputs[1][-2000:]

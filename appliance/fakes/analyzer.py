@@ -17,9 +17,10 @@ It returns the contract's own ``ModelInfo``, ``FrameAnalysis`` and ``Analysis`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,6 +125,13 @@ class FakeAnalyzer:
         """The ``ready`` flag (and live)."""
         return self.live and self.ready
 
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """A call of several files through the door: refused unless ready; its files skip the check after."""
+        if not self.is_ready():
+            raise Unavailable("fake analyzer is not ready", reason="NOT_SERVING")
+        yield
+
     def count_refused(self, error: ApplianceError) -> None:
         """Count a request the front end refused itself (``refused`` holds their codes, for tests)."""
         if not error.counted:
@@ -173,16 +181,18 @@ class FakeAnalyzer:
         wait_for_budget: bool = False,
         source: str = "",
         counted: bool = True,
+        entered: bool = False,
     ) -> Analysis:
         """Decode one Part-10 file, run its frames, and label each (``source`` is recorded, not scheduled on).
 
         ``admit_frames`` is awaited with the frame count before the rows are queued, as the request path does;
-        ``wait_for_budget`` is accepted and ignored (this fake has no byte budget).
+        ``wait_for_budget`` is accepted and ignored (this fake has no byte budget); ``entered`` skips the readiness
+        check (a file of a call inside :meth:`entered`).
         """
         t0 = time.perf_counter()
         self.calls.append(FakeCall("analyze", request_id, priority, time_remaining, pipeline=pipeline,
                                    source=source))
-        self._check_call(time_remaining)
+        self._check_call(time_remaining, ready=not entered)
         loop = asyncio.get_running_loop()
         uid, frames, lossy = await loop.run_in_executor(self._decode_thread, self._decode, dicom)
         if admit_frames is not None and (admitted := await admit_frames(len(frames))) is not None:
@@ -208,11 +218,11 @@ class FakeAnalyzer:
 
     # ---- internals --------------------------------------------------------------------------------------
 
-    def _check_call(self, time_remaining: float | None) -> None:
+    def _check_call(self, time_remaining: float | None, ready: bool = True) -> None:
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
-        if not self.is_ready():
+        if ready and not self.is_ready():
             raise Unavailable("fake analyzer is not ready", reason="NOT_SERVING")
         if time_remaining is not None and time_remaining <= 0:
             raise DeadlineExceeded("the deadline passed before the request was admitted")

@@ -159,8 +159,10 @@ class WorkerGate:
         self._check_admitting = check_admitting
 
     async def room(self, deadline: float, *, wait: bool, share: float = 1.0,
-                   priority: Priority = Priority.INTERACTIVE, source: str = "") -> None:
+                   priority: Priority = Priority.INTERACTIVE, source: str = "", admitting: bool = True) -> None:
         """Refuse (or, for a stream, wait) while ``max_unadmitted`` (times ``share``) requests wait for a worker.
+
+        ``admitting`` False: a file of a call already through the door, which a drain that began since does not refuse.
 
         BATCH requests get ``BATCH_SHARE`` of the bound: the rest is kept for INTERACTIVE ones, which a BATCH backlog
         otherwise refused QUEUE_FULL (9 of 20 behind 70 BATCH calls on one connection; held-out review, session 18).
@@ -170,7 +172,8 @@ class WorkerGate:
             share *= BATCH_SHARE
         bound = max(1, int(self.max_unadmitted * share))
         while (waiting := self.pool.unadmitted()) >= bound:
-            self._check_admitting()  # a drain began while it waited: UNAVAILABLE now, not CANCELLED at the end
+            if admitting:  # a drain began while it waited: UNAVAILABLE now, not CANCELLED at the end
+                self._check_admitting()
             if not wait:
                 # SENDER_SHARE when it is the sender's share that is used up; the whole bound or BATCH's: QUEUE_FULL
                 sender_bound = int(self.max_unadmitted * sender_share)

@@ -7,6 +7,7 @@ for it in tests of the protocol layers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,13 +83,18 @@ class Analyzer(Protocol):
     async def analyze(self, dicom: bytes, *, request_id: str = "", pipeline: str = "",
                       priority: Priority = Priority.BATCH, time_remaining: float | None = None,
                       admit_frames: AdmitFrames | None = None, wait_for_budget: bool = False,
-                      source: str = "", counted: bool = True) -> Analysis:
+                      source: str = "", counted: bool = True, entered: bool = False) -> Analysis:
         """Analyze one DICOM Part 10 file; ``source`` is the sender (gRPC peer), whose jobs take turns.
 
         ``admit_frames`` (a stream's, or the files of one OIP request) is awaited with the file's frame count before
         its slots are reserved, and ``wait_for_budget`` waits for the in-flight byte budget instead of refusing.
         ``counted=False``: the caller counts the request it belongs to (:meth:`count_finished`), not this file.
+        ``entered=True``: a file of a call inside :meth:`entered`, which a drain begun since does not refuse.
         """
+        ...
+
+    def entered(self) -> AbstractContextManager[None]:
+        """A call of several files through the door: refused here while draining, else waited for whole by a drain."""
         ...
 
     async def infer(self, inputs: np.ndarray, *, request_id: str = "", priority: Priority = Priority.BATCH,

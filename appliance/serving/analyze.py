@@ -123,6 +123,22 @@ class RequestPath:
             return False
         return True
 
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """A call of several files (an OIP request, a stream's item waiting for its window) through the door.
+
+        Checked once here (UNAVAILABLE while draining). The drain waits for the whole call, and its files
+        (``analyze(..., entered=True)``) are not refused by a drain that began after it entered: the later files of
+        an 8-file request accepted before a SIGTERM were refused DRAINING while waiting for the frame window, and the
+        whole request with them (held-out review, session 22).
+        """
+        self._check_admitting()
+        self._active += 1
+        try:
+            yield
+        finally:
+            self._active -= 1
+
     @property
     def in_flight(self) -> int:
         """Requests not yet answered."""
@@ -142,6 +158,7 @@ class RequestPath:
         wait_for_budget: bool = False,
         source: str = "",
         counted: bool = True,
+        entered: bool = False,
     ) -> Analysis:
         """Analyze one DICOM Part 10 file. ``admit_frames`` (streams) may wait before slots are reserved.
 
@@ -153,7 +170,7 @@ class RequestPath:
         try:
             with self._counted(t0, time_remaining) if counted else contextlib.nullcontext():  # else the caller
                 return await self._analyze(dicom, t0, request_id, pipeline, priority, time_remaining, admit_frames,
-                                           wait_for_budget, source)
+                                           wait_for_budget, source, entered)
         finally:
             self._active -= 1
 
@@ -168,8 +185,10 @@ class RequestPath:
         admit_frames: AdmitFrames | None,
         wait_for_budget: bool,
         source: str,
+        entered: bool,
     ) -> Analysis:
-        self._check_admitting()
+        if not entered:  # a file of a call already through the door (entered()) is not new work
+            self._check_admitting()
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         name = pipeline or self.default_pipeline
         if name not in self.pipelines:
@@ -196,7 +215,7 @@ class RequestPath:
 
                 job = Job(request, dicom, name, admit, fail=lambda e: _reject(loop, done, e), source=source)
                 await self._gate.room(deadline, wait=wait_for_budget, share=share, priority=priority,
-                                      source=source)
+                                      source=source, admitting=not entered)
                 self.pool.submit(job)
                 await self._wait(done, request, job)
         return self._analysis(request, t0)

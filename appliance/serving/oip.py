@@ -280,7 +280,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 return await self.analyzer.analyze(
                     data, request_id=file_id, pipeline=pipeline, priority=priority, time_remaining=time_remaining,
                     admit_frames=share.take if share is not None else None, wait_for_budget=share is not None,
-                    source=source, counted=False)  # one count per ModelInfer, in ModelInfer
+                    source=source, counted=False, entered=True)  # one count per ModelInfer, in ModelInfer
             except ApplianceError as e:
                 if len(files) > 1:  # say which element of the batch it was
                     e.args = (f"dicom[{i}]: {e}", *e.args[1:])
@@ -289,12 +289,13 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 if share is not None:
                     await share.close()
 
-        tasks = [asyncio.ensure_future(one(i, data)) for i, data in enumerate(files)]
-        try:
-            analyses = await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()  # no-op for finished ones; the rest of a failed request is abandoned
+        with self.analyzer.entered():  # through the door once: a drain begun since waits for every file
+            tasks = [asyncio.ensure_future(one(i, data)) for i, data in enumerate(files)]
+            try:
+                analyses = await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()  # no-op for finished ones; the rest of a failed request is abandoned
         model = self.analyzer.model
         frames = [(i, f) for i, a in enumerate(analyses) for f in a.frames]
         stats.inference_count += len(frames)

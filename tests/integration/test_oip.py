@@ -120,9 +120,12 @@ def test_model_config(stub) -> None:
     assert config.dynamic_batching.priority_levels == 2 and config.dynamic_batching.default_priority_level == 2
     assert config.parameters["engine_backend"].string_value == "fake"
     assert config.instance_group[0].kind == oip.ModelInstanceGroup.KIND_CPU
+    assert list(config.dynamic_batching.preferred_batch_size) == [4]
     dicom = stub.ModelConfig(oip.ModelConfigRequest(name="ct-nodule-dicom"), timeout=5).config
     assert dicom.max_batch_size == 0
     assert [(i.name, i.data_type, list(i.dims)) for i in dicom.input] == [("dicom", oip.TYPE_STRING, [-1])]
+    # no preferred batch size without a batch dimension: Triton's config check refuses the pair (review, session 22)
+    assert not dicom.dynamic_batching.preferred_batch_size and dicom.dynamic_batching.priority_levels == 2
 
 
 def test_tensor_view_computes_each_row(stub, served) -> None:
@@ -393,6 +396,24 @@ def test_statistics_count_requests(stub) -> None:
     assert failed.inference_stats.fail.count == after.inference_stats.fail.count + 1
     assert failed.inference_count == after.inference_count
     assert failed.inference_stats.compute_infer.count == after.inference_stats.compute_infer.count
+
+
+def test_dicom_view_statistics_count_each_request_once(stub) -> None:
+    """Held-out review, session 22: three files in one request counted 3 in queue, compute_input and compute_infer
+    but 1 in success and execution_count, so a client's per-request averages came out three times too small."""
+    def dicom_stats() -> oip.ModelStatistics:
+        return stub.ModelStatistics(oip.ModelStatisticsRequest(name="ct-nodule-dicom"), timeout=5).model_stats[0]
+
+    before = dicom_stats()
+    files = [synthetic.to_dicom(synthetic.generate_slice(s, size=256)) for s in (1, 2, 3)]
+    stub.ModelInfer(dicom_request(files), timeout=10)
+    after = dicom_stats()
+    counts = {name: getattr(after.inference_stats, name).count - getattr(before.inference_stats, name).count
+              for name in ("success", "queue", "compute_input", "compute_infer")}
+    assert counts == {"success": 1, "queue": 1, "compute_input": 1, "compute_infer": 1}
+    assert after.execution_count == before.execution_count + 1
+    assert after.inference_count == before.inference_count + 3  # items: one per frame
+    assert after.inference_stats.compute_infer.ns > before.inference_stats.compute_infer.ns
 
 
 def test_bytes_codec_round_trip() -> None:

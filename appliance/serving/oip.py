@@ -43,6 +43,7 @@ from appliance.serving.oip_wire import (
     deserialize_bytes,
     model_config,
     model_metadata,
+    only_typed_field,
     refuse_extensions,
     schedule,
     single_input,
@@ -224,6 +225,7 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
                 )
             array = np.frombuffer(raw, dtype="<f4").reshape(shape)
         else:
+            only_typed_field(tensor, "fp32_contents")
             if len(tensor.contents.fp32_contents) != count:
                 raise InputError(
                     f"input {tensor.name!r}: {len(tensor.contents.fp32_contents)} fp32_contents, expected {count}",
@@ -324,19 +326,20 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
             raise LimitExceeded(f"input 'dicom' holds {tensor.shape[0]} files; at most {self.max_files} per request "
                                 "(config key batcher.queue_capacity): send them in several requests", field="dicom")
-        declared = tensor.shape[0] if len(tensor.shape) == 1 else 0
+        if len(tensor.shape) != 1 or tensor.shape[0] < 1:  # [1, 2] of 2 files read "more elements than 1"
+            raise InputError(f"input 'dicom' must have shape [N]: one dimension, N >= 1 files, got "
+                             f"{list(tensor.shape)}", field="dicom")
+        declared = tensor.shape[0]
         if raw is not None:
-            files = deserialize_bytes(raw, "dicom", limit=max(declared, 1))
-        elif len(tensor.contents.bytes_contents) > max(declared, 1):  # counted before a list is built
-            files = []
+            files = deserialize_bytes(raw, "dicom", limit=declared)
         else:
+            only_typed_field(tensor, "bytes_contents")
+            if len(tensor.contents.bytes_contents) > declared:  # counted before a list is built
+                raise InputError(f"dicom: more BYTES elements than the {declared} its shape declares", field="dicom")
             files = list(tensor.contents.bytes_contents)
-        if len(tensor.shape) != 1 or tensor.shape[0] != len(files) or not files:
-            raise InputError(
-                f"input 'dicom' must have shape [N] with N >= 1 matching its {len(files)} elements, "
-                f"got {list(tensor.shape)}",
-                field="dicom",
-            )
+        if declared != len(files):
+            raise InputError(f"input 'dicom' has shape {list(tensor.shape)} but {len(files)} elements",
+                             field="dicom")
         total = sum(len(f) for f in files)
         if self.max_message_bytes is not None and total > self.max_message_bytes:
             # per request, as for Analyze: two 32.3 MiB files used to pass where one of 64.2 MiB did not (session 18)

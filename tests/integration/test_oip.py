@@ -521,3 +521,24 @@ def test_an_input_that_overflows_the_model_is_an_error_not_nan_with_ok(served) -
         asyncio.run(servicer._infer_tensor(tensor_request(x), "t-1", Priority.BATCH, None, ViewStats(), "test"))
     assert e.value.field == "image"
     assert e.value.counted  # the request path counted it already: OIP must not count it a second time (session 14)
+
+
+def test_an_rpc_of_the_service_that_is_not_offered_says_what_is(served) -> None:
+    """Held-out review, session 22: tritonclient's start_stream (ModelStreamInfer) and the repository, shared-memory,
+    trace and log calls got gRPC's own "Method not found!"."""
+    with grpc.insecure_channel(served.address) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as e:
+            list(stream(iter([oip.ModelInferRequest(model_name="ct-nodule").SerializeToString()]), timeout=5))
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        details = e.value.details()
+        assert details.startswith("ModelStreamInfer is not offered by this server; its "
+                                  "inference.GRPCInferenceService implements ModelConfig, "), details
+        unary = channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+        with pytest.raises(grpc.RpcError) as e:
+            unary(b"", timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "RepositoryIndex is not offered" in e.value.details()
+        # other services are gRPC's to answer, as before
+        with pytest.raises(grpc.RpcError) as e:
+            channel.unary_unary("/nope.Service/Call")(b"", timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "not offered" not in e.value.details()

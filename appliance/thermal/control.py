@@ -84,8 +84,8 @@ class ThermalController:
         clock: The clock (default: the real one).
         busy_source: Returns the fraction of the last period the engine computed.
         require_sensor: Treat a missing sensor as blind rather than disabled.
-        memory: Where the governor's learning is kept across restarts: recalled here, written every
-            :data:`~appliance.thermal.memory.KEEP_EVERY_S` and on :meth:`close` (docs/thermal.md, "Restarts").
+        memory: Where the governor's learning is kept across restarts: recalled at the first sample, written
+            every :data:`~appliance.thermal.memory.KEEP_EVERY_S` and on :meth:`close` (docs/thermal.md, "Restarts").
     """
 
     def __init__(self, thermometer: Thermometer, governor: Governor | None = None,

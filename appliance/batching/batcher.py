@@ -27,7 +27,7 @@ import numpy as np
 
 from appliance.batching.inbox import BatchObserver, Inbox, QueueStats
 from appliance.batching.pacer import Pacer
-from appliance.batching.policy import choose, may_burst
+from appliance.batching.policy import choose, coming_wait, may_burst
 from appliance.batching.work import ItemState, WorkItem
 from appliance.clock import Clock
 from appliance.config import BatcherConfig
@@ -136,6 +136,7 @@ class Batcher(Inbox):
     def _choose(self, now: float) -> tuple[list[WorkItem] | None, float]:
         """Return (items to launch now, or None) and how long to wait otherwise. Called under the lock."""
         b = self.batch_s_estimate
+        coming = self._coming()
         decision = choose(
             self._ready,
             now,
@@ -145,8 +146,10 @@ class Batcher(Inbox):
             pace_gap_s=self.pacer.gap(b),
             max_wait_s=self.config.max_wait_s,
             stopping=self._stopping,
-            coming=self._coming(),
-            coming_wait_s=math.inf if self.stage_lock is not None else min(b, 0.25),
+            coming=coming,
+            coming_wait_s=math.inf if self.stage_lock is not None else coming_wait(
+                batch_s=b, batch_size=self.batch_size, ready=len(self._ready), coming=coming,
+                preprocess_s=self.preprocess_s_estimate, cores=self.preprocess_cores),
             arrival_rate=self._arrival_rate(now),
             idle_since=now if self._in_flight else self._idle_since,
         )

@@ -737,3 +737,25 @@ def test_the_pool_is_told_the_cores_a_batch_computes_on(fake_manifest):
     device = Batcher(FakeEngine(fake_manifest, fake_manifest.artifact()), BatcherConfig(queue_capacity=16))
     device._running = [req.items[0]]
     assert device.engine_cores() == 0  # a batch on a device leaves the host's cores to the decoders
+
+
+def test_a_partial_batch_waits_for_its_coming_frames_as_long_as_their_preprocessing_takes(fake_manifest):
+    """Session 22: on a box whose engine runs a batch faster than the decoders fill one, a partial batch waited one
+    batch time for the frames on their way and launched half padding (5.5 real rows of 8 at 16 clients)."""
+    h = Harness(fake_manifest, max_wait_s=0.0)
+    h.pre_ms = 20.0  # a frame takes its worker 20 ms; a batch takes the engine 10 ms
+    h.submit([0.0] * 4)
+    h.settle()
+    assert len(h.engine.batches) == 1 and h.batcher.preprocess_s_estimate == pytest.approx(0.02)
+    ready = h.submit([0.1, 0.1])
+    coming = h.admit([0.2, 0.2])  # two more on the one preprocessing core: about 40 ms
+    start = h.clock.monotonic()
+    while h.clock.monotonic() - start < 0.035:  # past one batch time (10 ms), short of the frames' 40 ms
+        wait = h.batcher.step(block=False)
+        assert wait is not None and wait > 0
+        h.clock.advance(min(wait, 0.005))
+    assert len(h.engine.batches) == 1  # nothing launched: the coming frames are worth waiting for
+    h.decode(coming)
+    h.settle()
+    assert len(h.engine.batches) == 2 and h.prob(ready) + h.prob(coming) == pytest.approx([0.1, 0.1, 0.2, 0.2])
+    assert float(np.abs(h.engine.batches[1]).min()) > 0.0  # four real rows, no padding

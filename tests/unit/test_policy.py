@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from appliance.batching.policy import Decision, choose, may_burst
+from appliance.batching.policy import COMING_WAIT_MAX_S, Decision, choose, coming_wait, may_burst
 
 INTERACTIVE, BATCH = 0, 1
 
@@ -118,3 +118,21 @@ def test_the_expected_decoding_is_spread_over_the_cores_the_engine_leaves() -> N
             "preprocess_s": 0.004}
     assert may_burst(**args, cores=1) is False
     assert may_burst(**args, cores=2) is True
+
+
+@pytest.mark.parametrize(("batch_s", "ready", "coming", "pre_ms", "cores", "expected_ms"), [
+    (15.0, 5, 3, 7.4, 1, 22.2),  # session 22's box: 3 frames at 7.4 ms on one core fill it after 22 ms, not 15
+    (15.0, 5, 3, 7.4, 2, 15.0),  # the same on two cores: 11.1 ms, so one batch time
+    (35.0, 5, 3, 7.4, 1, 35.0),  # a slow engine: one batch time, as before session 22
+    (15.0, 5, 1, 7.4, 1, 15.0),  # only one frame coming: 7.4 ms of it, and at least one batch time
+    (15.0, 1, 40, 22.0, 1, 154.0),  # 7 missing of 40 coming, each a JPEG 2000 slice
+    (15.0, 0, 100, 50.0, 1, 250.0),  # never more than COMING_WAIT_MAX_S
+    (15.0, 8, 4, 7.4, 1, 15.0),  # nothing missing
+    (15.0, 5, 3, 0.0, 1, 15.0),  # no estimate yet
+])
+def test_a_partial_batch_waits_as_long_as_its_frames_take_to_arrive(batch_s, ready, coming, pre_ms, cores,
+                                                                     expected_ms) -> None:
+    got = coming_wait(batch_s=batch_s / 1e3, batch_size=8, ready=ready, coming=coming, preprocess_s=pre_ms / 1e3,
+                      cores=cores)
+    assert got == pytest.approx(expected_ms / 1e3)
+    assert COMING_WAIT_MAX_S == 0.25

@@ -93,7 +93,7 @@ def choose(
         max_wait_s: how long the oldest ready frame may wait for partners when unthrottled.
         stopping: draining: launch whatever is ready.
         coming: frames known to be on their way (admitted and being preprocessed, or requests being parsed).
-        coming_wait_s: how long a partial batch may wait for them (about one batch time with overlap, so the
+        coming_wait_s: how long a partial batch may wait for them (:func:`coming_wait` with overlap, so the
             engine does not spend whole batches on padding; unbounded in sequential mode, where decoding and
             inference never overlap). Never past a deadline.
         arrival_rate: frames admitted per second lately (inf: unknown, so always allow ``max_wait``).

@@ -412,6 +412,11 @@ class Inbox:
         with self._cond:
             return self._unfinished
 
+    @property
+    def accepting(self) -> bool:
+        """False once :meth:`stop_accepting` ran (a drain whose grace is spent, or a stop)."""
+        return self._accepting
+
     def stop_accepting(self) -> None:
         """Refuse new requests (UNAVAILABLE) from now on; admitted work continues."""
         with self._cond:

@@ -187,8 +187,12 @@ class RequestPath:
         source: str,
         entered: bool,
     ) -> Analysis:
-        if not entered:  # a file of a call already through the door (entered()) is not new work
+        if not entered:
             self._check_admitting()
+        else:  # a file of a call already through the door (entered()) is not new work, until the grace is spent
+            self._check_still_admitting()
+            if not self.batcher.accepting:  # refused now, not parsed and then refused, or CANCELLED at the stop
+                raise Unavailable("service is draining", reason="DRAINING")
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         name = pipeline or self.default_pipeline
         if name not in self.pipelines:
@@ -360,7 +364,9 @@ class RequestPath:
                 cap = self.batcher.config.queue_capacity
                 while (n_frames <= cap and cap - self.batcher.statistics().depth < n_frames  # larger: refused now
                        and self.clock.monotonic() < (job.request.deadline or math.inf)):
-                    self._check_admitting()
+                    # a file of a call inside the door (entered()): a drain lets it wait; the inbox refuses it once
+                    # the grace is spent (several 8-file requests at once were refused DRAINING here; review, s22)
+                    self._check_still_admitting()
                     await asyncio.sleep(0.01)
                 # a stream is bounded by its own window instead (AnalyzeStream), so it never meets its own share here
                 return self._admit(job, n_frames, sop_uid, keep_free=0)

@@ -109,6 +109,8 @@ class ThermalController:
         elif not self._enabled:
             log.info("thermal governor disabled: %s", thermometer.why_unavailable)
         self.memory = memory if self._enabled else None
+        if self.memory is not None:
+            self.memory.load()  # read now, at start: the first sample only parses it, under the lock
         self._recall_pending = self.memory is not None
         self.resumed_after_s: float | None = None
         """How long before the first sample the memory this governor resumed from was kept, s (None: afresh)."""

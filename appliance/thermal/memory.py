@@ -40,6 +40,7 @@ KEEP_EVERY_S = 10.0
 #: The kernel's id of this boot: monotonic time is comparable across processes of one boot only.
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _VERSION = 1
+_UNREAD = object()
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class ThermalMemory:
         if path is not None and not self._boot:
             log.warning("thermal memory off: no boot id at %s (monotonic times cannot be compared across restarts)",
                         boot_id)
+        self._raw: object = _UNREAD  # the file's bytes once load() ran (None: no file)
         self._kept_at: float | None = None
         self._failed = False  # a failed write is logged once, until one succeeds again
         self._wake = threading.Condition()
@@ -117,18 +119,34 @@ class ThermalMemory:
         self._writing = False
         self._writer: threading.Thread | None = None
 
-    def recall(self, now_s: float) -> tuple[Learned, float] | None:
-        """The kept :class:`Learned` and how long ago it was kept, s; None (and why, in the log) when unusable."""
+    def load(self) -> None:
+        """Read the file now (at start, off the thermal sample's lock: a disk that hangs must not hold it)."""
         if self.path is None:
-            return None
+            return
         try:
-            raw = self.path.read_bytes()
+            self._raw = self.path.read_bytes()
         except FileNotFoundError:
-            return None
+            self._raw = None
         except OSError as e:
             log.warning("thermal memory %s unreadable (%s): the governor starts afresh", self.path, e.strerror or e)
+            self._raw = None
+
+    def recall(self, now_s: float) -> tuple[Learned, float] | None:
+        """What :meth:`load` read, as :class:`Learned` and how long ago it was kept, s.
+
+        None (and why, in the log) when unusable. Reads the file first if :meth:`load` has not.
+        """
+        if self.path is None:
             return None
-        found, why = self._parse(raw, now_s)
+        if self._raw is _UNREAD:
+            self.load()
+        raw, self._raw = self._raw, None
+        if not isinstance(raw, bytes):
+            return None
+        try:
+            found, why = self._parse(raw, now_s)
+        except Exception as e:  # noqa: BLE001 - a file we cannot read is a fresh start, never a dead thermal loop
+            found, why = None, f"unreadable ({type(e).__name__})"
         if found is None:
             log.info("thermal memory %s not used: %s; the governor starts afresh", self.path, why)
         return found
@@ -162,7 +180,8 @@ class ThermalMemory:
 
     def due(self, now_s: float) -> bool:
         """Whether :data:`KEEP_EVERY_S` has passed since the last write (or none was made yet)."""
-        return self.path is not None and (self._kept_at is None or now_s - self._kept_at >= KEEP_EVERY_S)
+        return self.path is not None and bool(self._boot) and (
+            self._kept_at is None or now_s - self._kept_at >= KEEP_EVERY_S)
 
     def keep(self, now_s: float, learned: Learned) -> None:
         """Hand ``learned`` to the writer thread (the newest waiting one wins) and return at once.

@@ -210,11 +210,14 @@ def test_the_thermal_memory_outlives_the_process(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     memory = state / "thermal-memory-gpu0.json"
-    outputs = []
+    outputs, kept_at = [], []
     for _ in range(2):
         with _ready(cfg, {"STATE_DIRECTORY": str(state)}) as (proc, _notify):
             deadline = time.monotonic() + 20
-            while not memory.exists() and time.monotonic() < deadline:  # the first sample writes it
+            while time.monotonic() < deadline:  # the first sample writes it (anew, in the second daemon)
+                with contextlib.suppress(OSError, ValueError):
+                    if json.loads(memory.read_text())["monotonic_s"] not in kept_at:
+                        break
                 time.sleep(0.05)
             time.sleep(0.5)
             proc.send_signal(signal.SIGTERM)
@@ -223,6 +226,8 @@ def test_the_thermal_memory_outlives_the_process(tmp_path: Path) -> None:
         outputs.append(out.decode(errors="replace"))
         kept = json.loads(memory.read_text())
         assert kept["version"] == 1 and set(kept["learned"]) == {"integral_w", "w_per_duty", "die_w", "sink_w"}
+        assert kept["monotonic_s"] not in kept_at  # written by this daemon, at its stop
+        kept_at.append(kept["monotonic_s"])
         assert stat.S_IMODE(memory.stat().st_mode) == 0o600
     assert "resumed what it learned" not in outputs[0]
     assert "thermal governor resumed what it learned" in outputs[1], outputs[1][-2000:]

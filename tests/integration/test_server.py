@@ -444,6 +444,40 @@ def test_a_drain_finishes_every_file_of_a_call_accepted_before_it(models_dir, sl
     assert not stopper.is_alive()
 
 
+def test_a_drain_finishes_files_that_wait_for_room_in_the_inbox(models_dir, slice_bytes) -> None:
+    """Session 22's code review: six 8-file OIP requests at once into an inbox of 8 slots; at the SIGTERM their later
+    files waited for inbox room, where the door was checked again: three requests refused "service is draining"."""
+    from appliance.proto.inference import grpc_service_pb2 as oip
+    from appliance.proto.inference import grpc_service_pb2_grpc as oip_grpc
+    from appliance.serving.oip_wire import serialize_bytes
+
+    app = RunningApp(fake_config(models_dir, batcher={"queue_capacity": 8}), notifier=RecordingNotifier(),
+                     engine_options={"latency_s": 0.3})
+    files = [slice_bytes] * 8
+    channels = [grpc.insecure_channel(app.target) for _ in range(6)]  # six senders: each gets its share
+    try:
+        calls = []
+        for i, channel in enumerate(channels):
+            request = oip.ModelInferRequest(model_name="ct-nodule-dicom", id=f"drain-{i}")
+            request.inputs.add(name="dicom", datatype="BYTES", shape=[len(files)])
+            request.raw_input_contents.append(serialize_bytes(files))
+            calls.append(oip_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(request, timeout=30))
+        _wait(lambda: len(app.app.engine.batches) >= 1, 10)
+        stopper = threading.Thread(target=app.stop, kwargs={"grace_s": 8.0})
+        stopper.start()
+        errors = []
+        for call in calls:
+            try:
+                assert list(call.result().outputs[0].shape)[0] == 8
+            except grpc.RpcError as e:
+                errors.append((e.code(), e.details()))
+        stopper.join(15)
+    finally:
+        for channel in channels:
+            channel.close()
+    assert not errors, errors
+
+
 def test_not_serving_until_warm(models_dir, slice_bytes) -> None:
     import asyncio
 

@@ -82,6 +82,39 @@ def test_a_memory_that_cannot_be_this_run_s_is_ignored_with_the_reason(
     assert why in caplog.text and "starts afresh" in caplog.text
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"version": 1, "monotonic_s": ' + "9" * 5000 + "}", "unreadable (ValueError)"),  # past int's digit limit
+    ("[" * 100_000 + "]" * 100_000, "unreadable (RecursionError)"),
+    (None, "unreadable (OverflowError)"),  # a value past float's range: 10**400 W
+])
+def test_a_file_that_breaks_the_parser_is_a_fresh_start_not_a_dead_thermal_loop(
+        tmp_path: Path, boot: Path, caplog: pytest.LogCaptureFixture, text: str | None, why: str) -> None:
+    """Session 22's code review: these raised out of recall(); from a first sample that failed (tick_missing, on the
+    event loop) that ended the thermal loop: NOT_SERVING at the blind duty."""
+    written(memory(tmp_path, boot), 100.0, LEARNED)
+    path = tmp_path / "thermal-memory.json"
+    if text is None:
+        path.write_text(path.read_text().replace('"die_w": 350.0', '"die_w": 1' + "0" * 400))
+    else:
+        path.write_text(text)
+    with caplog.at_level(logging.INFO, logger="appliance.thermal.memory"):
+        assert memory(tmp_path, boot).recall(110.0) is None
+    assert why in caplog.text
+
+
+def test_the_controller_reads_the_file_when_it_is_made_not_under_its_lock(tmp_path: Path, boot: Path) -> None:
+    """A disk that hangs on the read must not hold the controller's lock, which status and pacing take on the
+    event loop: the file is read when the controller is made (at start) and only parsed at the first sample."""
+    written(memory(tmp_path, boot), 100.0, LEARNED)
+    clock = ManualClock(110.0)
+    thermo = SimulatedThermometer(clock, sensor=tp.SensorParams(1.0, "floor", 0.0))
+    ctl = ThermalController(thermo, clock=clock, busy_source=lambda: 0.0, memory=memory(tmp_path, boot))
+    (tmp_path / "thermal-memory.json").unlink()  # gone before the first sample: it was read already
+    clock.advance(5.0)
+    ctl.tick()
+    assert ctl.resumed_after_s == 15.0 and ctl.governor.learned().w_per_duty == LEARNED.w_per_duty
+
+
 def test_other_settings_corrupt_files_and_no_file_start_afresh(
         tmp_path: Path, boot: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert memory(tmp_path, boot).recall(0.0) is None  # no file yet: nothing to say

@@ -398,20 +398,21 @@ class Governor:
             return (c.kp_cool_w_per_c if err >= 0 else c.kp_hot_w_per_c) * w / c.nameplate_w
 
         kp = gain(e_p)
-        if self._integral is None:  # bumpless start at the measured power
-            used = 1.0 if busy is None else busy
+        used = 1.0 if busy is None else busy
+        if self._integral is None or self._resumed:  # bumpless start at the measured power
             # a start already at the setpoint with no power measured yet (a restart on a hot GPU) assumes the blind
             # duty, not full power: from full power a restart at 74 °C into full demand passed 75 °C (session 14)
             guessed = not self._board.measured and temp >= c.setpoint_c
             base = power if used >= 0.5 and not guessed else c.p_idle_w + c.blind_duty * w
-            self._integral = min(max(base - kp * e_p, p_lo), p_hi)
-        elif self._resumed:
-            # a remembered budget may come from a cooler room or a healthier fan: at the first PI step under a
-            # measured load, no more than a fresh governor's bumpless start (room 15 °C warmer or the fan at 40 %
-            # while no daemon ran: 4-7 of 128 plants above 75 °C, up to 75.59 °C; held-out review, session 22)
+            fresh = min(max(base - kp * e_p, p_lo), p_hi)
+            if self._integral is None:
+                self._integral = fresh
+            elif used >= 0.5 and self._board.measured:
+                # a remembered budget may come from a cooler room or a healthier fan: if the load uses half its
+                # allowance at the first PI step, no more than a fresh start's (room 15 °C warmer or the fan at 40 %
+                # while no daemon ran: 4-7 of 128 plants above 75 °C, up to 75.59 °C; held-out review, session 22)
+                self._integral = min(self._integral, fresh)
             self._resumed = False
-            if (1.0 if busy is None else busy) >= 0.5 and self._board.measured:
-                self._integral = min(self._integral, max(power - kp * e_p, p_lo))
         di = gain(e) / c.ti_s * e * dt
         saturated_hi = self._duty >= 1.0 - 1e-9
         used_allowance = busy is None or busy >= self._duty - c.busy_slack

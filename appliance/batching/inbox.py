@@ -220,8 +220,7 @@ class Inbox:
         with self._cond:
             if self.dead is not None:
                 raise Unavailable("engine is dead; the service is restarting", reason="ENGINE_DEAD")
-            if not self._accepting:
-                raise Unavailable("service is draining", reason="DRAINING")
+            self.require_accepting()
             keep = min(keep_free, cap - n) if len(self._free) < cap else 0  # an empty inbox admits what fits
             if len(self._free) < n + keep:
                 depth = cap - len(self._free)
@@ -412,10 +411,10 @@ class Inbox:
         with self._cond:
             return self._unfinished
 
-    @property
-    def accepting(self) -> bool:
-        """False once :meth:`stop_accepting` ran (a drain whose grace is spent, or a stop)."""
-        return self._accepting
+    def require_accepting(self) -> None:
+        """UNAVAILABLE ``DRAINING`` once :meth:`stop_accepting` ran (a drain whose grace is spent, or a stop)."""
+        if not self._accepting:
+            raise Unavailable("service is draining", reason="DRAINING")
 
     def stop_accepting(self) -> None:
         """Refuse new requests (UNAVAILABLE) from now on; admitted work continues."""

@@ -191,8 +191,7 @@ class RequestPath:
             self._check_admitting()
         else:  # a file of a call already through the door (entered()) is not new work, until the grace is spent
             self._check_still_admitting()
-            if not self.batcher.accepting:  # refused now, not parsed and then refused, or CANCELLED at the stop
-                raise Unavailable("service is draining", reason="DRAINING")
+            self.batcher.require_accepting()  # refused now, not parsed and then refused, or CANCELLED at the stop
         rid = self._validate_request_id(request_id) or uuid.uuid4().hex
         name = pipeline or self.default_pipeline
         if name not in self.pipelines:

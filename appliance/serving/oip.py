@@ -323,13 +323,13 @@ class OipServicer(oip_grpc.GRPCInferenceServiceServicer):
         tensor, raw = single_input(request, "dicom")
         if tensor.datatype != "BYTES":
             raise InputError(f"input 'dicom' must be BYTES, got {tensor.datatype}", field="dicom")
-        if len(tensor.shape) == 1 and tensor.shape[0] > self.max_files:  # before any element is looked at
-            raise LimitExceeded(f"input 'dicom' holds {tensor.shape[0]} files; at most {self.max_files} per request "
-                                "(config key batcher.queue_capacity): send them in several requests", field="dicom")
         if len(tensor.shape) != 1 or tensor.shape[0] < 1:  # [1, 2] of 2 files read "more elements than 1"
             raise InputError(f"input 'dicom' must have shape [N]: one dimension, N >= 1 files, got "
                              f"{list(tensor.shape)}", field="dicom")
         declared = tensor.shape[0]
+        if declared > self.max_files:  # before any element is looked at
+            raise LimitExceeded(f"input 'dicom' holds {declared} files; at most {self.max_files} per request "
+                                "(config key batcher.queue_capacity): send them in several requests", field="dicom")
         if raw is not None:
             files = deserialize_bytes(raw, "dicom", limit=declared)
         else:

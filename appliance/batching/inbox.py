@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from appliance.batching.pacer import Pacer
+from appliance.batching.policy import PartnerOdds
 from appliance.batching.work import ItemState, Request, WorkItem
 from appliance.clock import Clock, RealClock
 from appliance.config import BatcherConfig
@@ -146,6 +147,8 @@ class Inbox:
         self._arrived = 0  # frames in _arrivals
         self._arrived_decoded = 0  # ... of them not tensor rows
         self.preprocess_s_estimate = 0.0  # moving mean of a frame's time in a worker (0 until the first frame)
+        # partners to expect for a frame left alone, from the arrivals while frames were: the launch rule's partner wait
+        self.partners = PartnerOdds(self.config.max_wait_s)
 
     @property
     def slots(self) -> np.ndarray:
@@ -239,10 +242,16 @@ class Inbox:
             self._unfinished += n
             decoded = n if request.pipeline else 0  # frames a worker will preprocess (tensors need none)
             self._arrivals.append((now, n, decoded))
+            self.partners.arrived(now)  # a tensor request arrives here; a DICOM one already did (note_arrival)
             self._arrived += n
             self._arrived_decoded += decoded
             self._requests.add(request)
             self._peak = max(self._peak, cap - len(self._free))
+
+    def note_arrival(self) -> None:
+        """A request reached the daemon (queued for a worker to parse): the launch rule counts it as coming."""
+        with self._cond:
+            self.partners.arrived(self.clock.monotonic())
 
     def _arrival_rate(self, now: float, *, decoded: bool = False) -> float:
         """Frames admitted per second over the last :data:`ARRIVAL_WINDOW_S`. Called under the lock.

@@ -6,9 +6,10 @@ preprocessing needs to fill the batch (:func:`coming_wait`: at least one batch t
 padded row costs the same engine time as a real one. When enough frames are coming to fill the
 batch, that wait counts only the engine's idle time (from ``idle_since``): frames that became ready while the
 engine was busy have not made it wait, and on a saturated box an idle engine leaves its core to the decoders
-that are finishing the batch. When nothing is coming and frames arrive so
-rarely that fewer than :data:`FEW_ARRIVALS` would be expected within ``max_wait`` (a lone client, an idle box),
-a partial batch launches at once: waiting would only add latency.
+that are finishing the batch. When nothing is coming and fewer than
+:data:`FEW_ARRIVALS` partners are to be expected within ``max_wait`` (:class:`PartnerOdds`: the arrival rate
+measured while frames waited alone; a lone closed-loop client, whose next request follows this one's answer, or
+an idle box), a partial batch launches at once: waiting would only add latency.
 INTERACTIVE frames are taken before BATCH frames, oldest first within a class. Under a thermal duty u < 1 the
 pacer leaves gaps of about b(1-u)/u between batches, and the wait for partners grows by that gap (a padded slot
 burns the same power as a real one) -- but never past the point where the earliest deadline could still be met.
@@ -19,15 +20,16 @@ No clock, no lock, no I/O: the batcher calls :func:`choose` under its lock, and 
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["BATCH_AGING_S", "BURST_LOAD", "COMING_WAIT_MAX_S", "FEW_ARRIVALS", "Decision", "Ready", "choose",
-           "coming_wait", "may_burst"]
+__all__ = ["BATCH_AGING_S", "BURST_LOAD", "COMING_WAIT_MAX_S", "FEW_ARRIVALS", "Decision", "PartnerOdds", "Ready",
+           "choose", "coming_wait", "may_burst"]
 
-#: Expected arrivals within ``max_wait`` below which a partial batch with nothing coming does not wait.
+#: Partners to expect within ``max_wait`` below which a partial batch with nothing coming does not wait.
 FEW_ARRIVALS = 0.1
 #: The longest a partial batch waits for frames on their way, s (:func:`coming_wait`).
 COMING_WAIT_MAX_S = 0.25
@@ -80,6 +82,7 @@ def choose(
     coming_wait_s: float = 0.0,
     arrival_rate: float = math.inf,
     idle_since: float = -math.inf,
+    partner_odds: float | None = None,
 ) -> Decision:
     """Decide the next launch.
 
@@ -98,6 +101,8 @@ def choose(
             inference never overlap). Never past a deadline.
         arrival_rate: frames admitted per second lately (inf: unknown, so always allow ``max_wait``).
         idle_since: when the engine last became idle (``now`` while a batch is in flight).
+        partner_odds: partners to expect within ``max_wait_s`` of a frame left alone, from the arrivals while frames
+            waited alone (:attr:`PartnerOdds.odds`); None until measured: ``arrival_rate * max_wait_s`` stands in.
     """
     if not ready:
         return Decision(None, 0.1)
@@ -111,7 +116,8 @@ def choose(
         return Decision(tuple(order[:batch_size]), 0.0)
     since = min(t_ready)  # the wait is counted from the oldest ready frame...
     max_wait = max_wait_s + min(pace_gap_s, 1.0)  # under a budget, prefer full batches
-    if coming == 0 and pace_gap_s == 0.0 and arrival_rate * max_wait_s < FEW_ARRIVALS:
+    odds = arrival_rate * max_wait_s if partner_odds is None else partner_odds
+    if coming == 0 and pace_gap_s == 0.0 and odds < FEW_ARRIVALS:
         max_wait = 0.0  # no partner is on its way or likely to arrive: waiting only adds latency
     if coming > 0:
         max_wait = max(max_wait, coming_wait_s)
@@ -124,6 +130,70 @@ def choose(
     if waited >= max_wait - 1e-9 or stopping:  # 1 ns of slack: float time must not wait forever for 1e-17 s
         return Decision(tuple(order), 0.0)
     return Decision(None, min(max_wait - waited, 0.1) if coming > 0 else max_wait - waited)
+
+
+class PartnerOdds:
+    """How many partners to expect within ``window_s`` for a ready frame that has none on its way.
+
+    Measured, not inferred from the arrival rate: the rate of arrivals *while a frame waits alone*, times the
+    window. A lone closed-loop client sends its next request only after this one is answered, so no partner ever
+    comes however fast it sends (at 45 requests/s the arrival rate expected 0.2 within 5 ms, and each of its
+    requests waited the 5 ms for nothing: docs/performance.md, "Session 23"); open-loop arrivals come at their
+    own rate whatever the daemon is doing, and measure as that rate. A request arrives when it reaches the daemon
+    (queued for a worker to parse, from when the launch rule counts it as coming; or admitted directly, a tensor).
+    Each frame left alone is watched from then to the end of the launch rule's wait (``since + window_s``) or the
+    first arrival, whether the batch waited or not, so the decision does not bias its own evidence: arrivals over
+    time watched, both summed with a decay of 1/64 per frame (about 0.3 s watched). None until
+    :data:`MIN_PROBES` frames were watched.
+    Pure: the caller holds its lock and passes the time.
+    """
+
+    #: frames watched before :attr:`odds` is trusted
+    MIN_PROBES = 8
+    #: how much of the sums each newly watched frame forgets
+    DECAY = 1.0 / 64.0
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._open: collections.deque[tuple[float, float]] = collections.deque()  # (watched from, until), oldest first
+        self._last_since = -math.inf
+        self._arrivals = 0.0  # decayed sums over the watched frames
+        self._watched_s = 0.0
+        self._n = 0
+
+    @property
+    def odds(self) -> float | None:
+        """Expected partners within ``window_s`` of a frame left alone, or None until :data:`MIN_PROBES` frames."""
+        if self._n < self.MIN_PROBES or self._watched_s <= 0.0:
+            return None
+        return self._arrivals / self._watched_s * self.window_s
+
+    def alone(self, since: float, now: float) -> None:
+        """At ``now`` a partial batch whose oldest frame became ready at ``since`` has nothing on its way.
+
+        Watched once per ``since``, and only while the launch rule's wait from ``since`` is still open (a batch
+        that already waited that long for frames that were coming launches anyway).
+        """
+        if since > self._last_since and now - since < self.window_s:
+            self._last_since = since
+            self._open.append((now, since + self.window_s))
+
+    def arrived(self, now: float) -> None:
+        """A request arrived at ``now``: the partner of every frame still watched."""
+        while self._open:
+            start, end = self._open.popleft()
+            self._record(now <= end, min(now, end) - start)
+
+    def expire(self, now: float) -> None:
+        """Frames whose wait ended before ``now`` with no arrival: watched in full, no partner."""
+        while self._open and now > self._open[0][1]:
+            start, end = self._open.popleft()
+            self._record(False, end - start)
+
+    def _record(self, arrived: bool, watched_s: float) -> None:
+        self._n += 1
+        self._arrivals = self._arrivals * (1.0 - self.DECAY) + float(arrived)
+        self._watched_s = self._watched_s * (1.0 - self.DECAY) + max(watched_s, 0.0)
 
 
 def coming_wait(*, batch_s: float, batch_size: int, ready: int, coming: int, preprocess_s: float,

@@ -121,6 +121,7 @@ class WorkerPool(WorkerProcesses):
                 raise Unavailable("service is draining", reason="DRAINING")
             self._queue.push(job)
             self._cond.notify()
+        self.batcher.note_arrival()  # a partner for a frame the launch rule may be holding (policy.PartnerOdds)
 
     def cancel(self, job: Job) -> None:
         """Drop a job: a queued one is never started; a running one stops after its current step."""

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from appliance.batching.batcher import Batcher, BatcherConfig, BatchObserver, Pacer
+from appliance.batching.policy import FEW_ARRIVALS
 from appliance.batching.work import ItemState, Priority, Request
 from appliance.clock import ManualClock
 from appliance.engines import AutoEngine
@@ -759,3 +760,35 @@ def test_a_partial_batch_waits_for_its_coming_frames_as_long_as_their_preprocess
     h.settle()
     assert len(h.engine.batches) == 2 and h.prob(ready) + h.prob(coming) == pytest.approx([0.1, 0.1, 0.2, 0.2])
     assert float(np.abs(h.engine.batches[1]).min()) > 0.0  # four real rows, no padding
+
+
+def test_a_lone_closed_loop_client_stops_waiting_for_partners_that_never_come(fake_manifest):
+    """Session 23: a lone client sending its next request as soon as it has the answer (40 a second) expected 0.2
+    partners within the 5 ms partner wait by the arrival rate, so every one of its frames waited 5 ms for nothing:
+    its partner comes only after this answer. The wait now goes by how often a partner did come."""
+    h = Harness(fake_manifest, max_wait_s=0.005)
+    waited = []
+    start = h.clock.monotonic()
+    for _ in range(60):
+        req = h.submit([0.5])
+        h.batcher.step(block=False)
+        waited.append(req.items[0].state is not ItemState.DONE)
+        h.settle()
+        assert req.items[0].state is ItemState.DONE
+        h.clock.advance(0.015)  # the answer travels, and the client sends its next slice
+    rate = 60 / (h.clock.monotonic() - start)
+    assert rate * 0.005 >= FEW_ARRIVALS  # by the arrival rate alone, a partner was worth waiting for
+    assert not any(waited[-40:])  # measured, none ever came
+
+
+def test_partners_that_do_come_are_still_waited_for(fake_manifest):
+    h = Harness(fake_manifest, max_wait_s=0.005)
+    for _ in range(40):  # a second client's slice follows the first one's by 2 ms, every time
+        a = h.submit([0.5])
+        h.batcher.step(block=False)
+        h.clock.advance(0.002)
+        b = h.submit([0.25])
+        h.settle()
+        assert a.items[0].state is ItemState.DONE and b.items[0].state is ItemState.DONE
+        h.clock.advance(0.02)
+    assert h.engine.real_rows()[-30:] == [2] * 30  # both in one batch, after the measurement too

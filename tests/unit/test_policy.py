@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
 from dataclasses import dataclass
 
 import pytest
 
-from appliance.batching.policy import COMING_WAIT_MAX_S, Decision, choose, coming_wait, may_burst
+from appliance.batching.policy import (
+    COMING_WAIT_MAX_S,
+    FEW_ARRIVALS,
+    Decision,
+    PartnerOdds,
+    choose,
+    coming_wait,
+    may_burst,
+)
 
 INTERACTIVE, BATCH = 0, 1
 
@@ -62,6 +72,12 @@ CASES = [
      {"coming": 1, "coming_wait_s": 0.05, "idle_since": 0.99}, Decision((0, 1), 0.0)),
     ("a full batch coming, but a deadline", [F(BATCH, 0.9, deadline=1.03)] * 2, 1.0,
      {"coming": 2, "coming_wait_s": 0.05, "idle_since": 0.99}, Decision((0, 1), 0.0)),
+    ("nothing coming, arrivals frequent, but no partner came lately: no wait", [F(BATCH, 0.999)], 1.0,
+     {"arrival_rate": 40.0, "partner_odds": 0.0}, Decision((0,), 0.0)),
+    ("nothing coming, arrivals rare, but partners came: max_wait", [F(BATCH, 0.999)], 1.0,
+     {"arrival_rate": 1.0, "partner_odds": 0.3}, Decision(None, 0.004)),
+    ("no partner came lately, but frames coming: wait for them", [F(BATCH, 0.99)], 1.0,
+     {"coming": 1, "coming_wait_s": 0.05, "arrival_rate": 40.0, "partner_odds": 0.0}, Decision(None, 0.04)),
     ("throttled: wait for partners even if arrivals rare", [F(BATCH, 0.9)], 1.0,
      {"pace_gap_s": 0.2, "arrival_rate": 1.0}, Decision(None, 0.105)),
 ]
@@ -92,6 +108,67 @@ def test_never_more_than_b_and_never_an_empty_launch() -> None:
                 assert all((c.priority, c.t_ready) <= (r.priority, r.t_ready) for c in chosen)
         else:
             assert d.wait_s > 0
+
+
+def test_partner_odds_are_unknown_until_measured_then_the_arrival_rate_while_a_frame_waits_alone() -> None:
+    odds = PartnerOdds(0.005)
+    t = 10.0
+    for _ in range(PartnerOdds.MIN_PROBES):
+        assert odds.odds is None
+        odds.alone(t, t)
+        odds.alone(t, t + 0.001)  # the same frame seen again: watched once
+        odds.arrived(t + 0.002)  # a partner 2 ms later: one arrival in 2 ms watched
+        t += 0.03
+    assert odds.odds == pytest.approx(0.005 / 0.002)
+    odds.alone(t - 0.006, t)  # left alone after its wait had ended (it waited for frames that were coming)
+    odds.arrived(t)
+    assert odds.odds == pytest.approx(0.005 / 0.002)
+    for _ in range(100):  # no partner within the 5 ms, and one later is too late: watched 5 ms, no arrival
+        odds.alone(t, t)
+        odds.expire(t + 0.0051)
+        odds.arrived(t + 0.02)
+        t += 0.03
+    assert odds.odds is not None and odds.odds < FEW_ARRIVALS  # the partner wait is dropped
+
+
+def test_partner_odds_of_open_loop_arrivals_are_their_rate_times_the_wait() -> None:
+    """Poisson arrivals at 105/s come whatever the daemon does: about 0.5 partners in 5 ms, as the rate says, and
+    never so few that the partner wait is dropped."""
+    rng = random.Random(3)
+    odds = PartnerOdds(0.005)
+    t, seen = 0.0, []
+    for _ in range(4000):
+        ready = t + rng.uniform(0.0, 0.01)  # a frame left alone, if no request arrives first...
+        since = ready - rng.uniform(0.0, 0.005)  # ...ready a while before (the engine was busy)
+        t += rng.expovariate(105.0)  # the next arrival
+        if ready < t:
+            odds.expire(ready)
+            odds.alone(since, ready)
+        odds.expire(t)
+        odds.arrived(t)
+        seen.append(odds.odds)
+    settled = [o for o in seen[200:] if o is not None]
+    assert len(settled) == len(seen) - 200
+    assert statistics.median(settled) == pytest.approx(105.0 * 0.005, rel=0.15)
+    assert min(settled) > FEW_ARRIVALS
+
+
+def test_partner_odds_follow_a_change_of_load_within_a_few_frames() -> None:
+    odds = PartnerOdds(0.005)
+    t = 0.0
+    for _ in range(200):  # a lone closed-loop client: its next request follows the answer, 20 ms later
+        odds.alone(t, t)
+        t += 0.02
+        odds.expire(t)
+        odds.arrived(t)
+    assert odds.odds == 0.0
+    followed = 0
+    while (odds.odds or 0.0) < 0.1:  # a second client now sends 2 ms after the first one's frame is ready
+        odds.alone(t, t)
+        odds.arrived(t + 0.002)
+        t += 0.02
+        followed += 1
+    assert followed <= 8  # the wait comes back after a few frames that a partner followed
 
 
 @pytest.mark.parametrize(("sequential", "idle", "rate", "backlog", "coming", "pre_ms", "expected"), [

@@ -7,9 +7,12 @@ import threading
 
 import pytest
 
+from appliance.batching.batcher import Batcher, BatcherConfig
+from appliance.batching.policy import PartnerOdds
 from appliance.batching.work import ItemState, Priority, Request, WorkItem
 from appliance.clock import ManualClock
 from appliance.config import WorkersConfig
+from appliance.engines.fake import FakeEngine
 from appliance.errors import ApplianceError, DeadlineExceeded, Overloaded, Unavailable
 from appliance.workers.pool import Job, WorkerPool, _WorkerLost
 
@@ -27,9 +30,19 @@ def _job(name: str, priority: Priority, deadline: float | None = None,
     return Job(req, b"", "stub", admit=lambda n, uid: [], fail=fail)
 
 
+class _Arrivals:
+    """The one thing a queued job tells the batcher: a request arrived (its partner wait, policy.PartnerOdds)."""
+
+    def __init__(self) -> None:
+        self.arrivals = 0
+
+    def note_arrival(self) -> None:
+        self.arrivals += 1
+
+
 def _pool(clock: ManualClock) -> WorkerPool:
     # never started: no supervisor threads, no processes; _next_job is what each supervisor calls
-    return WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=None, clock=clock)  # type: ignore[arg-type]
+    return WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=_Arrivals(), clock=clock)
 
 
 def test_interactive_jobs_are_taken_before_earlier_batch_jobs_oldest_first() -> None:
@@ -121,6 +134,9 @@ class _Batcher:
     def frame_ready(self, item: WorkItem, info: object, ms: float, parse_ms: float) -> None:
         item.state = ItemState.READY
         self.ready.append((ms, parse_ms))
+
+    def note_arrival(self) -> None:
+        pass
 
 
 def test_sequential_mode_holds_the_stage_lock_while_a_file_is_parsed_and_while_a_frame_is_decoded() -> None:
@@ -235,3 +251,29 @@ def test_the_frame_message_carries_the_spare_cores() -> None:
     runner.start()
     runner.join(5)
     assert pipe.messages[-1] == ("frame", job.id, 0, 2, True, 2)  # three cores, one computing a batch
+
+
+def test_a_job_queued_for_a_worker_is_the_arrival_the_launch_rule_weighs_its_partner_wait_by(fake_manifest) -> None:
+    """A request counts as coming from when it is queued for a parse (``unadmitted``), so that is when it arrives
+    for the partner odds too: its admission comes only after a worker has parsed it, which may be long after."""
+    clock = ManualClock(10.0)
+    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {"clock": clock})
+    engine.load()
+    batcher = Batcher(engine, BatcherConfig(max_wait_s=0.005, queue_capacity=16), clock=clock)
+    pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=batcher, clock=clock)
+    batcher.parsing = pool.unadmitted
+    for i in range(PartnerOdds.MIN_PROBES):
+        req = Request(f"r{i}", "stub", Priority.INTERACTIVE, None, clock.monotonic(), n_frames=1)
+        batcher.reserve(req)
+        assert batcher.begin_frame(req.items[0])
+        batcher.frame_ready(req.items[0], None, 1.0)
+        batcher.step(block=False)  # one frame ready, nothing coming: left alone
+        clock.advance(0.002)
+        job = _job(f"p{i}", Priority.INTERACTIVE)
+        pool.submit(job)  # 2 ms later another request reaches the daemon; its parse has not begun
+        assert batcher._coming() == 1
+        pool.cancel(job)
+        batcher.step(block=False)
+        clock.advance(0.05)
+        batcher.step(block=False)
+    assert batcher.partners.odds == pytest.approx(0.005 / 0.002)  # one arrival per 2 ms watched, times 5 ms

@@ -65,7 +65,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         configure_logging("debug" if args.verbose else config.logging.level, config.logging.journald)
         log.debug("configuration loaded from %s", args.config or "built-in defaults")
         preflight(config)
-        from appliance.serving.app import serve
+        from appliance.serving.daemon import serve
 
         return asyncio.run(serve(config))
     except (ConfigError, ManifestError) as e:  # start-up checks and the model's files: one line, before READY=1

@@ -37,7 +37,7 @@ def nvml_index(cuda_device: int = 0, env: Mapping[str, str] | None = None) -> in
 
     NVML numbers GPUs in PCI order; CUDA by default puts the fastest first and follows ``CUDA_VISIBLE_DEVICES``.
     On a box with two GPUs the governor watched NVML's first while the engine ran on another, unthrottled (held-out
-    review, session 19). :func:`appliance.serving.app.serve` sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is set;
+    review, session 19). :func:`appliance.serving.daemon.serve` sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is set;
     a numeric ``CUDA_VISIBLE_DEVICES`` entry is then the NVML index itself. A UUID entry cannot be mapped here: the
     device number is used, and a warning says so.
     """

@@ -647,7 +647,7 @@ def test_health_cli_for_a_client_the_socket_refuses_is_unknown_not_critical(monk
     """Ops review, session 14: a check run by a user outside the socket's group paged CRITICAL "unreachable" (2)
     although the service was fine; a client the daemon's socket refuses is UNKNOWN (3), as PERMISSION_DENIED is.
     (gRPC's reason is stood in for here: the tests run as root, whom no socket mode refuses.)"""
-    import appliance.cli as cli
+    import appliance.tools.client as cli
 
     monkeypatch.setattr(cli, "_why_unreachable", lambda channel, args: (
         ": failed to connect to all addresses; last error: UNAVAILABLE: unix:/run/appliance/grpc.sock: "

@@ -25,7 +25,8 @@ import numpy as np
 
 from appliance.proto.v1 import inference_pb2_grpc as pb_grpc
 from appliance.tools import benchcost as bc
-from appliance.tools import loadgen
+from appliance.tools import benchreport, loadgen
+from appliance.tools.benchreport import ratio
 
 __all__ = ["run_extended"]
 
@@ -273,21 +274,6 @@ async def _one(srv: _Server, files: list[bytes], args: argparse.Namespace, warm:
             s, len(files), concurrency=args.concurrency, duration_s=args.peer_tune_s))
 
 
-def _agreement(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
-    common = sorted(set(a) & set(b))
-    if len(common) < 3:
-        return {"n": len(common), "r": None}
-    x = np.asarray([a[i] for i in common])
-    y = np.asarray([b[i] for i in common])
-    r = float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else None
-    return {"n": len(common), "r": round(r, 6) if r is not None else None,
-            "max_abs_diff": round(float(np.abs(x - y).max()), 6)}
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
 def _costs_again(args: argparse.Namespace, files: list[bytes], pipeline: Any, manifest: Any,
                  report: dict[str, Any]) -> None:
     """Measure the per-slice costs again after the load; base the ceilings on the mean of the two phases.
@@ -358,15 +344,15 @@ def run_extended(args: argparse.Namespace, files: list[bytes], report: dict[str,
             daemon.stop()
     if args.costs:
         _costs_again(args, files, pipeline, manifest, report)
-    _fill(args, report, results, servers, peer_info)
+    benchreport.fill(report, results, args.concurrency, [s.scores for s in servers], peer_info)
     if not args.target and not args.no_sequential:
         seq = measure(args, files, [*args.serve_args, "--no-overlap"], logdir, "sequential")
         report["sequential"] = seq
         report["sequential_throughput_per_s"] = seq["throughput_per_s"]
-        report["speedup_vs_sequential"] = _ratio(report["throughput_per_s"], seq["throughput_per_s"])
+        report["speedup_vs_sequential"] = ratio(report["throughput_per_s"], seq["throughput_per_s"])
     if args.self_workload and not args.target:
         report["self"] = _self_comparison(args, logdir, measure)
-    _targets(report)
+    benchreport.targets(report)
     if args.plot:
         from appliance.tools.benchplot import plot
 
@@ -398,89 +384,8 @@ def _self_comparison(args: argparse.Namespace, logdir: Path, measure: Any) -> di
     overlap = measure(args, files, list(args.serve_args), logdir, "self-overlap")
     seq = measure(args, files, [*args.serve_args, "--no-overlap"], logdir, "self-sequential")
     out.update({"overlap": overlap, "sequential": seq,
-                "speedup_vs_sequential": _ratio(overlap["throughput_per_s"], seq["throughput_per_s"])})
+                "speedup_vs_sequential": ratio(overlap["throughput_per_s"], seq["throughput_per_s"])})
     if "ideal_sequential_per_s" in out:
-        out["speedup_vs_ideal_sequential"] = _ratio(overlap["throughput_per_s"], out["ideal_sequential_per_s"])
-        out["pipelined_fraction"] = _ratio(overlap["throughput_per_s"], out["costs"]["pipelined_bound_per_s"])
+        out["speedup_vs_ideal_sequential"] = ratio(overlap["throughput_per_s"], out["ideal_sequential_per_s"])
+        out["pipelined_fraction"] = ratio(overlap["throughput_per_s"], out["costs"]["pipelined_bound_per_s"])
     return out
-
-
-def _fill(args: argparse.Namespace, report: dict[str, Any], results: dict[str, Any], servers: list[_Server],
-          peer_info: dict[str, Any]) -> None:
-    app = results["sweep"]["appliance"]
-    main = dict(app[args.concurrency])
-    main["latency_ms"] = dict(main["latency_ms"])
-    jitter = main["latency_ms"].pop("jitter", None)
-    report.update(main)  # the stable fields: throughput_per_s, latency_ms, stages_ms, batch_fill, errors, server
-    report["latency_jitter_p99_p50"] = jitter
-    for pattern in ("sweep", "capacity_per_s", "poisson", "poisson_own", "bursts"):
-        if pattern in results:
-            report[pattern] = results[pattern]
-    if "ceiling" in report:
-        ceil = report["ceiling"]
-        report["ceiling_fraction"] = _ratio(report["capacity_per_s"]["appliance"], ceil["cpu_ceiling_per_s"])
-        report["pipelined_fraction"] = _ratio(report["capacity_per_s"]["appliance"], ceil["pipelined_bound_per_s"])
-        costs = report["costs"]
-        t_pre = costs["preprocess"]["median_ms"]
-        single = app.get(1)
-        if single:
-            bound = 1.15 * (t_pre + costs["engine_batch_ms"]) + 2.0
-            report["single_client"] = {"p50_ms": single["latency_ms"]["p50"], "t_pre_ms": t_pre,
-                                       "t_engine_batch_ms": costs["engine_batch_ms"], "bound_ms": round(bound, 2),
-                                       "ratio_to_t_pre_plus_t_engine": _ratio(
-                                           single["latency_ms"]["p50"], t_pre + costs["engine_batch_ms"])}
-    if len(servers) > 1:
-        tri = results["sweep"]["triton"]
-        top = max(app)
-        peer: dict[str, Any] = {"name": "triton", **peer_info}
-        peer["throughput_ratio"] = {c: _ratio(app[c]["throughput_per_s"], tri[c]["throughput_per_s"]) for c in app}
-        peer["p99_ratio"] = {c: _ratio(app[c]["latency_ms"]["p99"], tri[c]["latency_ms"]["p99"]) for c in app}
-        peer["saturated_concurrency"] = top
-        peer["saturated_throughput_ratio"] = peer["throughput_ratio"][top]
-        peer["cpu_ms_per_request"] = {"appliance": app[top].get("cpu_ms_per_request"),
-                                      "triton": tri[top].get("cpu_ms_per_request")}
-        peer["cpu_per_request_ratio"] = _ratio(*peer["cpu_ms_per_request"].values())
-        if "poisson" in results:
-            pa, pt = results["poisson"]["appliance"], results["poisson"]["triton"]
-            peer["poisson_rate_per_s"] = results["poisson"]["rate_per_s"]
-            peer["poisson_p99_ratio"] = _ratio(pa["latency_ms"]["p99"], pt["latency_ms"]["p99"])
-            peer["poisson_jitter"] = {"appliance": pa["latency_ms"]["jitter"], "triton": pt["latency_ms"]["jitter"]}
-            peer["poisson_cpu_per_request_ratio"] = _ratio(pa.get("cpu_ms_per_request"), pt.get("cpu_ms_per_request"))
-        if "bursts" in results:
-            peer["bursts_p99_ratio"] = _ratio(results["bursts"]["appliance"]["latency_ms"]["p99"],
-                                              results["bursts"]["triton"]["latency_ms"]["p99"])
-        peer["score_agreement"] = _agreement(servers[0].scores, servers[1].scores)
-        report["peer"] = peer
-
-
-def _target(value: float | None, goal: float, op: str) -> dict[str, Any]:
-    met = None if value is None else (value >= goal if op == ">=" else value <= goal)
-    return {"value": value, "goal": f"{op} {goal}", "met": met}
-
-
-def _targets(report: dict[str, Any]) -> None:
-    """Each goal of issue #11 / docs/performance.md with its figure from this run."""
-    peer = report.get("peer", {})
-    t: dict[str, Any] = {}
-    if peer:
-        t["peer_saturated_throughput_ratio"] = _target(peer.get("saturated_throughput_ratio"), 1.3, ">=")
-        t["peer_poisson_p99_ratio"] = _target(peer.get("poisson_p99_ratio"), 0.7, "<=")
-        t["peer_cpu_per_request_ratio"] = _target(peer.get("cpu_per_request_ratio"), 1.0, "<=")
-    if "ceiling_fraction" in report:
-        t["ceiling_fraction"] = _target(report["ceiling_fraction"], 0.9, ">=")
-        t["pipelined_fraction"] = _target(report["pipelined_fraction"], 0.9, ">=")
-    if "self" in report:
-        t["self_speedup_vs_sequential"] = _target(report["self"]["speedup_vs_sequential"], 1.6, ">=")
-        if "speedup_vs_ideal_sequential" in report["self"]:
-            t["self_speedup_vs_ideal_sequential"] = _target(report["self"]["speedup_vs_ideal_sequential"], 1.6, ">=")
-    jitter = (report.get("poisson_own") or report.get("poisson") or {}).get("appliance", {}).get("latency_ms", {})
-    if jitter:
-        t["poisson_jitter_p99_p50"] = _target(jitter.get("jitter"), 1.5, "<=")
-    if "single_client" in report:
-        sc = report["single_client"]
-        t["single_client_p50_ms"] = _target(sc["p50_ms"], sc["bound_ms"], "<=")
-    if "engine_flops_ratio" in report:
-        t["engine_flops_ratio"] = _target(report["engine_flops_ratio"], 0.7, ">=")
-        t["preprocess_uncompressed_ms"] = _target(report["preprocess_uncompressed_ms"], 1.5, "<=")
-    if t:
-        report["targets"] = t

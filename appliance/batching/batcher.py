@@ -278,6 +278,8 @@ class Batcher(Inbox):
     def _collect(self, ticket: object, items: list[WorkItem], t0: float, charge: float) -> None:
         """Wait for a submitted batch and split its rows back to its frames."""
         ok, outputs = self._engine_call(items, self.engine.result, ticket)
+        with self._cond:  # the frames left alone that this batch took are watched no longer (policy.PartnerOdds)
+            self.partners.answered(t0, self.clock.monotonic())
         if not self._in_flight:
             self._idle_since = self.clock.monotonic()  # the engine has nothing left to do
         if not ok:

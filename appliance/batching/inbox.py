@@ -242,7 +242,8 @@ class Inbox:
             self._unfinished += n
             decoded = n if request.pipeline else 0  # frames a worker will preprocess (tensors need none)
             self._arrivals.append((now, n, decoded))
-            self.partners.arrived(now)  # a tensor request arrives here; a DICOM one already did (note_arrival)
+            if not request.pipeline:  # a tensor request arrives here; a DICOM one did when queued (note_arrival)
+                self.partners.arrived(self.clock.monotonic())
             self._arrived += n
             self._arrived_decoded += decoded
             self._requests.add(request)

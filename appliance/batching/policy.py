@@ -141,17 +141,20 @@ class PartnerOdds:
     requests waited the 5 ms for nothing: docs/performance.md, "Session 23"); open-loop arrivals come at their
     own rate whatever the daemon is doing, and measure as that rate. A request arrives when it reaches the daemon
     (queued for a worker to parse, from when the launch rule counts it as coming; or admitted directly, a tensor).
-    Each frame left alone is watched from then to the end of the launch rule's wait (``since + window_s``) or the
-    first arrival, whether the batch waited or not, so the decision does not bias its own evidence: arrivals over
-    time watched, both summed with a decay of 1/64 per frame (about 0.3 s watched). None until
-    :data:`MIN_PROBES` frames were watched.
-    Pure: the caller holds its lock and passes the time.
+
+    Each frame left alone is watched from then until the first arrival, the end of the launch rule's wait
+    (``since + window_s``) or its answer, whichever comes first, whether the batch waited or not, so the decision
+    does not bias its own evidence: an engine that answers within the window would otherwise count the lone
+    client's next request as a partner, while an open-loop rate is the same over any part of the window. Arrivals
+    over time watched, both summed with a decay of :data:`MEMORY_S` in time, so what a busy hour taught does not
+    hold a quiet night's requests. None until :data:`MIN_PROBES` frames count (decayed the same way): the caller
+    then goes by the arrival rate. Pure: the caller holds its lock and passes the time.
     """
 
-    #: frames watched before :attr:`odds` is trusted
-    MIN_PROBES = 8
-    #: how much of the sums each newly watched frame forgets
-    DECAY = 1.0 / 64.0
+    #: frames watched (decayed) before :attr:`odds` is trusted
+    MIN_PROBES = 8.0
+    #: time constant of the sums' decay, s
+    MEMORY_S = 2.0
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -159,11 +162,12 @@ class PartnerOdds:
         self._last_since = -math.inf
         self._arrivals = 0.0  # decayed sums over the watched frames
         self._watched_s = 0.0
-        self._n = 0
+        self._n = 0.0
+        self._t = -math.inf  # when the sums were last decayed
 
     @property
     def odds(self) -> float | None:
-        """Expected partners within ``window_s`` of a frame left alone, or None until :data:`MIN_PROBES` frames."""
+        """Expected partners within ``window_s`` of a frame left alone, as of the last call; None until trusted."""
         if self._n < self.MIN_PROBES or self._watched_s <= 0.0:
             return None
         return self._arrivals / self._watched_s * self.window_s
@@ -180,20 +184,37 @@ class PartnerOdds:
 
     def arrived(self, now: float) -> None:
         """A request arrived at ``now``: the partner of every frame still watched."""
+        self._age(now)
         while self._open:
             start, end = self._open.popleft()
             self._record(now <= end, min(now, end) - start)
 
+    def answered(self, launched: float, now: float) -> None:
+        """A batch launched at ``launched`` was answered at ``now``: its frames are watched no longer."""
+        self._age(now)
+        while self._open and self._open[0][0] <= launched:
+            start, end = self._open.popleft()
+            self._record(False, min(now, end) - start)
+
     def expire(self, now: float) -> None:
-        """Frames whose wait ended before ``now`` with no arrival: watched in full, no partner."""
+        """Frames whose wait ended before ``now`` with no arrival: watched in full, no partner. Ages the sums."""
+        self._age(now)
         while self._open and now > self._open[0][1]:
             start, end = self._open.popleft()
             self._record(False, end - start)
 
+    def _age(self, now: float) -> None:
+        if now > self._t:
+            keep = math.exp(-(now - self._t) / self.MEMORY_S) if math.isfinite(self._t) else 0.0
+            self._arrivals *= keep
+            self._watched_s *= keep
+            self._n *= keep
+            self._t = now
+
     def _record(self, arrived: bool, watched_s: float) -> None:
-        self._n += 1
-        self._arrivals = self._arrivals * (1.0 - self.DECAY) + float(arrived)
-        self._watched_s = self._watched_s * (1.0 - self.DECAY) + max(watched_s, 0.0)
+        self._n += 1.0
+        self._arrivals += float(arrived)
+        self._watched_s += max(watched_s, 0.0)
 
 
 def coming_wait(*, batch_s: float, batch_size: int, ready: int, coming: int, preprocess_s: float,

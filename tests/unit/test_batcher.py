@@ -81,6 +81,7 @@ class Harness:
         req = Request(f"r{self._n}", "stub", priority, None if deadline_in is None else now + deadline_in, now,
                       n_frames=len(values), on_done=self.answered.append)
         req.instance = values
+        self.batcher.note_arrival()  # the worker pool's queue, where a DICOM request arrives (WorkerPool.submit)
         self.batcher.reserve(req)
         return req
 
@@ -782,7 +783,7 @@ def test_a_lone_closed_loop_client_stops_waiting_for_partners_that_never_come(fa
 
 
 def test_partners_that_do_come_are_still_waited_for(fake_manifest):
-    h = Harness(fake_manifest, max_wait_s=0.005)
+    h = Harness(fake_manifest, max_wait_s=0.005, engine_cls=Pipelined)  # a batch is answered a turn later
     for _ in range(40):  # a second client's slice follows the first one's by 2 ms, every time
         a = h.submit([0.5])
         h.batcher.step(block=False)
@@ -792,3 +793,43 @@ def test_partners_that_do_come_are_still_waited_for(fake_manifest):
         assert a.items[0].state is ItemState.DONE and b.items[0].state is ItemState.DONE
         h.clock.advance(0.02)
     assert h.engine.real_rows()[-30:] == [2] * 30  # both in one batch, after the measurement too
+
+
+@pytest.mark.parametrize(("latency_s", "turnaround_s"), [(0.015, 0.002), (0.002, 0.002), (0.001, 0.001)])
+def test_a_lone_client_of_a_fast_engine_is_not_its_own_partner(fake_manifest, latency_s, turnaround_s):
+    """Review, session 23: an engine that answered within the 5 ms wait (a GPU, a small model) let the lone
+    client's next request land inside its own last frame's window and count as its partner: 89-90 of 100 requests
+    waited again. A frame is watched no longer once its batch is answered."""
+    h = Harness(fake_manifest, max_wait_s=0.005, engine_opts={"latency_s": latency_s})
+    waited = []
+    for _ in range(200):
+        req = h.submit([0.5])
+        h.batcher.step(block=False)
+        waited.append(req.items[0].state is not ItemState.DONE)
+        h.settle()
+        assert req.items[0].state is ItemState.DONE
+        h.clock.advance(turnaround_s)
+    assert sum(waited[-100:]) == 0
+
+
+def test_what_a_busy_period_taught_does_not_hold_a_quiet_nights_requests(fake_manifest):
+    """Review, session 23: the measured odds were forgotten per frame watched, not with time, so after a busy
+    period every lone request waited 5 ms until some 60-90 of them had pulled the estimate down."""
+    h = Harness(fake_manifest, max_wait_s=0.005, engine_cls=Pipelined)
+    for _ in range(200):  # busy: a second client's slice follows the first one's by 2 ms
+        h.submit([0.5])
+        h.batcher.step(block=False)
+        h.clock.advance(0.002)
+        h.submit([0.25])
+        h.settle()
+        h.clock.advance(0.02)
+    assert h.engine.real_rows()[-1] == 2  # partners were waited for
+    h.clock.advance(600.0)
+    waited = []
+    for _ in range(20):  # then one lone request a minute
+        req = h.submit([0.5])
+        h.batcher.step(block=False)
+        waited.append(req.items[0].state not in (ItemState.RUNNING, ItemState.DONE))  # not launched at once
+        h.settle()
+        h.clock.advance(60.0)
+    assert not any(waited)

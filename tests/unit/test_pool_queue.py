@@ -12,9 +12,9 @@ from appliance.batching.policy import PartnerOdds
 from appliance.batching.work import ItemState, Priority, Request, WorkItem
 from appliance.clock import ManualClock
 from appliance.config import WorkersConfig
-from appliance.engines.fake import FakeEngine
 from appliance.errors import ApplianceError, DeadlineExceeded, Overloaded, Unavailable
 from appliance.workers.pool import Job, WorkerPool, _WorkerLost
+from tests.unit.test_batcher import Pipelined
 
 
 def _job(name: str, priority: Priority, deadline: float | None = None,
@@ -257,12 +257,12 @@ def test_a_job_queued_for_a_worker_is_the_arrival_the_launch_rule_weighs_its_par
     """A request counts as coming from when it is queued for a parse (``unadmitted``), so that is when it arrives
     for the partner odds too: its admission comes only after a worker has parsed it, which may be long after."""
     clock = ManualClock(10.0)
-    engine = FakeEngine(fake_manifest, fake_manifest.artifact(), {"clock": clock})
+    engine = Pipelined(fake_manifest, fake_manifest.artifact(), {"clock": clock})  # answers a turn later
     engine.load()
     batcher = Batcher(engine, BatcherConfig(max_wait_s=0.005, queue_capacity=16), clock=clock)
     pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=batcher, clock=clock)
     batcher.parsing = pool.unadmitted
-    for i in range(PartnerOdds.MIN_PROBES):
+    for i in range(int(PartnerOdds.MIN_PROBES) + 4):  # enough for MIN_PROBES, decayed in time
         req = Request(f"r{i}", "stub", Priority.INTERACTIVE, None, clock.monotonic(), n_frames=1)
         batcher.reserve(req)
         assert batcher.begin_frame(req.items[0])

@@ -137,6 +137,7 @@ class Batcher(Inbox):
         """Return (items to launch now, or None) and how long to wait otherwise. Called under the lock."""
         b = self.batch_s_estimate
         coming = self._coming()
+        rate = self._arrival_rate(now)
         self.partners.expire(now)
         if self._ready and coming == 0 and len(self._ready) < self.batch_size:
             self.partners.alone(min(now if r.t_ready is None else r.t_ready for r in self._ready), now)
@@ -153,9 +154,9 @@ class Batcher(Inbox):
             coming_wait_s=math.inf if self.stage_lock is not None else coming_wait(
                 batch_s=b, batch_size=self.batch_size, ready=len(self._ready), coming=coming,
                 preprocess_s=self.preprocess_s_estimate, cores=self.preprocess_cores),
-            arrival_rate=self._arrival_rate(now),
+            arrival_rate=rate,
             idle_since=now if self._in_flight else self._idle_since,
-            partner_odds=self.partners.odds,
+            partner_odds=self.partners.expected(rate),
         )
         if decision.launch is None:
             return None, decision.wait_s

@@ -101,8 +101,8 @@ def choose(
             inference never overlap). Never past a deadline.
         arrival_rate: frames admitted per second lately (inf: unknown, so always allow ``max_wait``).
         idle_since: when the engine last became idle (``now`` while a batch is in flight).
-        partner_odds: partners to expect within ``max_wait_s`` of a frame left alone, from the arrivals while frames
-            waited alone (:attr:`PartnerOdds.odds`); None until measured: ``arrival_rate * max_wait_s`` stands in.
+        partner_odds: partners to expect within ``max_wait_s`` of a frame left alone (:meth:`PartnerOdds.expected`:
+            the arrivals seen while frames waited alone, once they are evidence enough); None: from ``arrival_rate``.
     """
     if not ready:
         return Decision(None, 0.1)
@@ -135,7 +135,7 @@ def choose(
 class PartnerOdds:
     """How many partners to expect within ``window_s`` for a ready frame that has none on its way.
 
-    Measured, not inferred from the arrival rate: the rate of arrivals *while a frame waits alone*, times the
+    Measured, not inferred from the arrival rate alone: the rate of arrivals *while a frame waits alone*, times the
     window. A lone closed-loop client sends its next request only after this one is answered, so no partner ever
     comes however fast it sends (at 45 requests/s the arrival rate expected 0.2 within 5 ms, and each of its
     requests waited the 5 ms for nothing: docs/performance.md, "Session 23"); open-loop arrivals come at their
@@ -146,13 +146,14 @@ class PartnerOdds:
     (``since + window_s``) or its answer, whichever comes first, whether the batch waited or not, so the decision
     does not bias its own evidence: an engine that answers within the window would otherwise count the lone
     client's next request as a partner, while an open-loop rate is the same over any part of the window. Arrivals
-    over time watched, both summed with a decay of :data:`MEMORY_S` in time, so what a busy hour taught does not
-    hold a quiet night's requests. None until :data:`MIN_PROBES` frames count (decayed the same way): the caller
-    then goes by the arrival rate. Pure: the caller holds its lock and passes the time.
+    and time watched are summed with a decay of :data:`MEMORY_S` in time. The measurement overrides the arrival
+    rate only once the time watched should, at that rate, have seen :data:`EVIDENCE` arrivals: a quiet box, a
+    slow lone client or a sparse Poisson stream keep going by the rate, as before. Pure: the caller holds its lock
+    and passes the time.
     """
 
-    #: frames watched (decayed) before :attr:`odds` is trusted
-    MIN_PROBES = 8.0
+    #: arrivals the watched time must be worth, at the current arrival rate, before the measurement counts
+    EVIDENCE = 5.0
     #: time constant of the sums' decay, s
     MEMORY_S = 2.0
 
@@ -162,15 +163,19 @@ class PartnerOdds:
         self._last_since = -math.inf
         self._arrivals = 0.0  # decayed sums over the watched frames
         self._watched_s = 0.0
-        self._n = 0.0
         self._t = -math.inf  # when the sums were last decayed
 
     @property
-    def odds(self) -> float | None:
-        """Expected partners within ``window_s`` of a frame left alone, as of the last call; None until trusted."""
-        if self._n < self.MIN_PROBES or self._watched_s <= 0.0:
-            return None
-        return self._arrivals / self._watched_s * self.window_s
+    def rate(self) -> float | None:
+        """Arrivals per second while frames waited alone, as of the last call (None: nothing watched)."""
+        return self._arrivals / self._watched_s if self._watched_s > 0.0 else None
+
+    def expected(self, arrival_rate: float) -> float:
+        """Partners to expect within ``window_s``: measured once it is evidence enough, else ``arrival_rate``'s."""
+        measured = self.rate
+        if measured is None or arrival_rate * self._watched_s < self.EVIDENCE:
+            return arrival_rate * self.window_s
+        return measured * self.window_s
 
     def alone(self, since: float, now: float) -> None:
         """At ``now`` a partial batch whose oldest frame became ready at ``since`` has nothing on its way.
@@ -208,11 +213,9 @@ class PartnerOdds:
             keep = math.exp(-(now - self._t) / self.MEMORY_S) if math.isfinite(self._t) else 0.0
             self._arrivals *= keep
             self._watched_s *= keep
-            self._n *= keep
             self._t = now
 
     def _record(self, arrived: bool, watched_s: float) -> None:
-        self._n += 1.0
         self._arrivals += float(arrived)
         self._watched_s += max(watched_s, 0.0)
 

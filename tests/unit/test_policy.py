@@ -110,33 +110,36 @@ def test_never_more_than_b_and_never_an_empty_launch() -> None:
             assert d.wait_s > 0
 
 
-def test_partner_odds_are_unknown_until_measured_then_the_arrival_rate_while_a_frame_waits_alone() -> None:
+def test_partner_odds_go_by_the_rate_until_the_time_watched_is_evidence_enough() -> None:
     odds = PartnerOdds(0.005)
     t = 10.0
-    for i in range(12):
-        assert odds.odds is None or i >= PartnerOdds.MIN_PROBES  # none before 8 frames were watched
+    for _ in range(8):
         odds.alone(t, t)
         odds.alone(t, t + 0.001)  # the same frame seen again: watched once
         odds.arrived(t + 0.002)  # a partner 2 ms later: one arrival in 2 ms watched
         t += 0.03
-    assert odds.odds == pytest.approx(0.005 / 0.002)
-    odds.alone(t - 0.006, t)  # left alone after its wait had ended (it waited for frames that were coming)
-    odds.arrived(t)
-    assert odds.odds == pytest.approx(0.005 / 0.002)
-    for _ in range(100):  # no partner within the 5 ms, and one later is too late: watched 5 ms, no arrival
+    assert odds.rate == pytest.approx(1 / 0.002)
+    assert odds.expected(100.0) == pytest.approx(0.5)  # 16 ms watched is worth 1.6 arrivals at 100/s: the rate's
+    for _ in range(60):  # a lone client at 33/s: nobody within the 5 ms, one later is too late
         odds.alone(t, t)
         odds.expire(t + 0.0051)
-        odds.arrived(t + 0.02)
+        odds.arrived(t + 0.03)
         t += 0.03
-    assert odds.odds is not None and odds.odds < FEW_ARRIVALS  # the partner wait is dropped
+    assert odds.expected(33.0) < FEW_ARRIVALS  # 0.3 s watched, worth 10 arrivals at 33/s: the measurement's
+    assert odds.expected(2.0) == pytest.approx(0.01)  # ...but not at 2/s
+    odds.alone(t - 0.006, t)  # left alone after its wait had ended (it waited for frames that were coming)
+    odds.arrived(t)
+    t += 600.0  # a quiet night: what was watched is forgotten
+    odds.expire(t)
+    assert odds.expected(40.0) == pytest.approx(0.2)
 
 
 def test_partner_odds_of_open_loop_arrivals_are_their_rate_times_the_wait() -> None:
-    """Poisson arrivals at 105/s come whatever the daemon does: about 0.5 partners in 5 ms, as the rate says, and
+    """Poisson arrivals at 105/s come whatever the daemon does: about 0.5 partners in 5 ms, measured or not, and
     never so few that the partner wait is dropped."""
     rng = random.Random(3)
     odds = PartnerOdds(0.005)
-    t, seen = 0.0, []
+    t, seen, rates = 0.0, [], []
     for _ in range(4000):
         ready = t + rng.uniform(0.0, 0.01)  # a frame left alone, if no request arrives first...
         since = ready - rng.uniform(0.0, 0.005)  # ...ready a while before (the engine was busy)
@@ -146,29 +149,28 @@ def test_partner_odds_of_open_loop_arrivals_are_their_rate_times_the_wait() -> N
             odds.alone(since, ready)
         odds.expire(t)
         odds.arrived(t)
-        seen.append(odds.odds)
-    settled = [o for o in seen[200:] if o is not None]
-    assert len(settled) == len(seen) - 200
-    assert statistics.median(settled) == pytest.approx(105.0 * 0.005, rel=0.15)
-    assert min(settled) > FEW_ARRIVALS
+        seen.append(odds.expected(105.0))
+        rates.append(odds.rate)
+    assert statistics.median(r for r in rates[200:] if r is not None) == pytest.approx(105.0, rel=0.15)
+    assert min(seen[200:]) > FEW_ARRIVALS
 
 
-def test_partner_odds_follow_a_change_of_load_within_a_few_frames() -> None:
+def test_partner_odds_follow_a_change_of_load_within_a_fraction_of_a_second() -> None:
     odds = PartnerOdds(0.005)
     t = 0.0
-    for _ in range(200):  # a lone closed-loop client: its next request follows the answer, 20 ms later
+    for _ in range(200):  # a lone closed-loop client at 50/s: its next request follows the answer, 20 ms later
         odds.alone(t, t)
         t += 0.02
         odds.expire(t)
         odds.arrived(t)
-    assert odds.odds == 0.0
+    assert odds.expected(50.0) == 0.0
     followed = 0
-    while (odds.odds or 0.0) < 0.1:  # a second client now sends 2 ms after the first one's frame is ready
+    while odds.expected(100.0) < FEW_ARRIVALS:  # a second client now sends 2 ms after the first one's frame is ready
         odds.alone(t, t)
         odds.arrived(t + 0.002)
         t += 0.02
         followed += 1
-    assert followed <= 12  # the wait comes back within a quarter of a second (50 frames a second)
+    assert followed <= 12  # the wait comes back within a quarter of a second
 
 
 @pytest.mark.parametrize(("sequential", "idle", "rate", "backlog", "coming", "pre_ms", "expected"), [

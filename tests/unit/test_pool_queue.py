@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from appliance.batching.batcher import Batcher, BatcherConfig
-from appliance.batching.policy import PartnerOdds
 from appliance.batching.work import ItemState, Priority, Request, WorkItem
 from appliance.clock import ManualClock
 from appliance.config import WorkersConfig
@@ -262,7 +261,7 @@ def test_a_job_queued_for_a_worker_is_the_arrival_the_launch_rule_weighs_its_par
     batcher = Batcher(engine, BatcherConfig(max_wait_s=0.005, queue_capacity=16), clock=clock)
     pool = WorkerPool(spec=None, config=WorkersConfig(), workers=1, batcher=batcher, clock=clock)
     batcher.parsing = pool.unadmitted
-    for i in range(int(PartnerOdds.MIN_PROBES) + 4):  # enough for MIN_PROBES, decayed in time
+    for i in range(8):
         req = Request(f"r{i}", "stub", Priority.INTERACTIVE, None, clock.monotonic(), n_frames=1)
         batcher.reserve(req)
         assert batcher.begin_frame(req.items[0])
@@ -276,4 +275,4 @@ def test_a_job_queued_for_a_worker_is_the_arrival_the_launch_rule_weighs_its_par
         batcher.step(block=False)
         clock.advance(0.05)
         batcher.step(block=False)
-    assert batcher.partners.odds == pytest.approx(0.005 / 0.002)  # one arrival per 2 ms watched, times 5 ms
+    assert batcher.partners.rate == pytest.approx(1 / 0.002)  # one arrival per 2 ms watched

@@ -147,7 +147,7 @@ class Inbox:
         self._arrived = 0  # frames in _arrivals
         self._arrived_decoded = 0  # ... of them not tensor rows
         self.preprocess_s_estimate = 0.0  # moving mean of a frame's time in a worker (0 until the first frame)
-        # partners to expect for a frame left alone, from the arrivals while frames were: the launch rule's partner wait
+        # the arrivals seen while frames waited alone: whether the launch rule waits for a partner (policy.PartnerOdds)
         self.partners = PartnerOdds(self.config.max_wait_s)
 
     @property

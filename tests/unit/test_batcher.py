@@ -120,6 +120,29 @@ class Harness:
         """The fake engine's score of each frame: the mean of its own input."""
         return [float(i.outputs["prob"][0]) for i in req.items]
 
+    def lone(self, turnaround_s: float) -> bool:
+        """One turn of a lone closed-loop client: a slice, its answer, ``turnaround_s`` until the next one.
+
+        Returns whether the slice's batch launched at the first turn of the engine loop (no partner wait).
+        """
+        req = self.submit([0.5])
+        self.batcher.step(block=False)
+        launched = req.items[0].state in (ItemState.RUNNING, ItemState.DONE)
+        self.settle()
+        assert req.items[0].state is ItemState.DONE
+        self.clock.advance(turnaround_s)
+        return launched
+
+    def pair(self, gap_s: float = 0.002, then_s: float = 0.02) -> None:
+        """Two senders: the second one's slice follows the first one's by ``gap_s``; both answered, ``then_s`` on."""
+        a = self.submit([0.5])
+        self.batcher.step(block=False)
+        self.clock.advance(gap_s)
+        b = self.submit([0.25])
+        self.settle()
+        assert a.items[0].state is ItemState.DONE and b.items[0].state is ItemState.DONE
+        self.clock.advance(then_s)
+
 
 @pytest.fixture
 def h(fake_manifest: Any) -> Harness:
@@ -768,15 +791,8 @@ def test_a_lone_closed_loop_client_stops_waiting_for_partners_that_never_come(fa
     partners within the 5 ms partner wait by the arrival rate, so every one of its frames waited 5 ms for nothing:
     its partner comes only after this answer. The wait now goes by how often a partner did come."""
     h = Harness(fake_manifest, max_wait_s=0.005, engine_opts={"latency_s": 0.01})  # a CPU engine: 10 ms a batch
-    waited = []
     start = h.clock.monotonic()
-    for _ in range(100):
-        req = h.submit([0.5])
-        h.batcher.step(block=False)
-        waited.append(req.items[0].state is not ItemState.DONE)
-        h.settle()
-        assert req.items[0].state is ItemState.DONE
-        h.clock.advance(0.015)  # the answer travels, and the client sends its next slice
+    waited = [not h.lone(0.015) for _ in range(100)]  # the answer travels, and the client sends its next slice
     rate = 100 / (h.clock.monotonic() - start)
     assert rate * 0.005 >= FEW_ARRIVALS  # by the arrival rate alone, a partner was worth waiting for
     assert not any(waited[-60:])  # measured, none ever came
@@ -785,13 +801,7 @@ def test_a_lone_closed_loop_client_stops_waiting_for_partners_that_never_come(fa
 def test_partners_that_do_come_are_still_waited_for(fake_manifest):
     h = Harness(fake_manifest, max_wait_s=0.005, engine_cls=Pipelined)  # a batch is answered a turn later
     for _ in range(40):  # a second client's slice follows the first one's by 2 ms, every time
-        a = h.submit([0.5])
-        h.batcher.step(block=False)
-        h.clock.advance(0.002)
-        b = h.submit([0.25])
-        h.settle()
-        assert a.items[0].state is ItemState.DONE and b.items[0].state is ItemState.DONE
-        h.clock.advance(0.02)
+        h.pair()
     assert h.engine.real_rows()[-30:] == [2] * 30  # both in one batch, after the measurement too
 
 
@@ -801,14 +811,7 @@ def test_a_lone_client_of_a_fast_engine_is_not_its_own_partner(fake_manifest, la
     client's next request land inside its own last frame's window and count as its partner: 89-90 of 100 requests
     waited again. A frame is watched no longer once its batch is answered."""
     h = Harness(fake_manifest, max_wait_s=0.005, engine_opts={"latency_s": latency_s})
-    waited = []
-    for _ in range(200):
-        req = h.submit([0.5])
-        h.batcher.step(block=False)
-        waited.append(req.items[0].state is not ItemState.DONE)
-        h.settle()
-        assert req.items[0].state is ItemState.DONE
-        h.clock.advance(turnaround_s)
+    waited = [not h.lone(turnaround_s) for _ in range(200)]
     assert sum(waited[-100:]) == 0
 
 
@@ -817,22 +820,10 @@ def test_what_a_busy_period_taught_does_not_hold_a_quiet_nights_requests(fake_ma
     period every lone request waited 5 ms until some 60-90 of them had pulled the estimate down."""
     h = Harness(fake_manifest, max_wait_s=0.005, engine_cls=Pipelined)
     for _ in range(200):  # busy: a second client's slice follows the first one's by 2 ms
-        h.submit([0.5])
-        h.batcher.step(block=False)
-        h.clock.advance(0.002)
-        h.submit([0.25])
-        h.settle()
-        h.clock.advance(0.02)
+        h.pair()
     assert h.engine.real_rows()[-1] == 2  # partners were waited for
     h.clock.advance(600.0)
-    waited = []
-    for _ in range(20):  # then one lone request a minute
-        req = h.submit([0.5])
-        h.batcher.step(block=False)
-        waited.append(req.items[0].state not in (ItemState.RUNNING, ItemState.DONE))  # not launched at once
-        h.settle()
-        h.clock.advance(60.0)
-    assert not any(waited)
+    assert all(h.lone(60.0) for _ in range(20))  # then one lone request a minute, each launched at once
 
 
 def test_after_a_lone_client_the_partner_wait_comes_back_within_a_second_of_open_arrivals(fake_manifest):
@@ -840,17 +831,10 @@ def test_after_a_lone_client_the_partner_wait_comes_back_within_a_second_of_open
     while frames wait alone soon outweigh it, and the wait comes back."""
     h = Harness(fake_manifest, max_wait_s=0.005, engine_cls=Pipelined, engine_opts={"latency_s": 0.01})
     for _ in range(100):  # a lone closed-loop client
-        h.submit([0.5])
-        h.settle()
-        h.clock.advance(0.02)
+        h.lone(0.02)
     assert h.engine.real_rows()[-1] == 1
     assert h.batcher.partners.expected(40.0) < FEW_ARRIVALS
     start = h.clock.monotonic()
     while h.clock.monotonic() - start < 1.0:  # then a second sender's slice follows each first one's by 2 ms
-        h.submit([0.5])
-        h.batcher.step(block=False)
-        h.clock.advance(0.002)
-        h.submit([0.25])
-        h.settle()
-        h.clock.advance(0.02)
+        h.pair()
     assert h.engine.real_rows()[-5:] == [2] * 5

@@ -786,6 +786,57 @@ def test_a_partial_batch_waits_for_its_coming_frames_as_long_as_their_preprocess
     assert float(np.abs(h.engine.batches[1]).min()) > 0.0  # four real rows, no padding
 
 
+def test_a_partial_batch_with_a_backlog_behind_its_coming_frames_waits_until_it_is_full(fake_manifest):
+    """Session 24: at 16 clients the launch rule waited the estimated fill time (22 ms) and launched 6.1 real rows of
+    8 while 9.8 frames were on their way: the estimate is a mean, a JPEG 2000 slice takes three times it, and the
+    idle engine cost nothing, since the decoders had work enough behind the batch to keep their cores busy."""
+    h = Harness(fake_manifest, max_wait_s=0.0)  # B = 4
+    h.pre_ms = 20.0
+    h.submit([0.0] * 4)
+    h.settle()
+    ready = h.submit([0.1])
+    coming = [h.admit([0.2]) for _ in range(3)]  # the 3 that fill the batch...
+    behind = h.admit([0.3])  # ...and one behind them: the preprocessing stays busy after the batch has filled
+    start = h.clock.monotonic()
+    while h.clock.monotonic() - start < 0.2:  # over three times the fill estimate (3 frames x 20 ms on 1 core)
+        wait = h.batcher.step(block=False)
+        assert wait is not None and wait > 0
+        h.clock.advance(min(wait, 0.005))
+    assert len(h.engine.batches) == 1  # nothing launched: a padded row would cost what the decoders need
+    for req in coming:
+        h.decode(req)
+    h.batcher.step(block=False)
+    assert len(h.engine.batches) == 2 and float(np.abs(h.engine.batches[1]).min()) > 0.0  # full, no padding
+    assert h.prob(ready) == pytest.approx([0.1])
+    h.decode(behind)
+    h.settle()
+    assert behind.items[0].state is ItemState.DONE
+
+
+def test_a_partial_batch_whose_coming_frames_are_all_there_is_waits_only_their_fill_time(fake_manifest):
+    """Without a backlog behind them the coming frames' wait stays the fill estimate: an idle engine would leave the
+    cores idle once the last of them is decoded, so a late frame goes in the next batch."""
+    h = Harness(fake_manifest, max_wait_s=0.0)
+    h.pre_ms = 20.0
+    h.submit([0.0] * 4)
+    h.settle()
+    ready = h.submit([0.1])
+    late = [h.admit([0.2]) for _ in range(3)]  # exactly the missing three
+    start = h.clock.monotonic()
+    while len(h.engine.batches) < 2 and h.clock.monotonic() - start < 0.2:
+        wait = h.batcher.step(block=False)
+        assert wait is not None
+        h.clock.advance(min(wait, 0.001))
+    assert 0.059 <= h.clock.monotonic() - start <= 0.062  # the fill estimate: 3 frames x 20 ms on one core
+    h.settle()
+    assert h.prob(ready) == pytest.approx([0.1])
+    assert h.engine.batches[1][1:].max() == 0.0  # three rows of padding
+    for req in late:
+        h.decode(req)
+    h.settle()
+    assert all(req.items[0].state is ItemState.DONE for req in late)
+
+
 def test_a_lone_closed_loop_client_stops_waiting_for_partners_that_never_come(fake_manifest):
     """Session 23: a lone client sending its next request as soon as it has the answer (40 a second) expected 0.2
     partners within the 5 ms partner wait by the arrival rate, so every one of its frames waited 5 ms for nothing:

@@ -204,7 +204,10 @@ def test_the_expected_decoding_is_spread_over_the_cores_the_engine_leaves() -> N
     (15.0, 5, 3, 7.4, 2, 15.0),  # the same on two cores: 11.1 ms, so one batch time
     (35.0, 5, 3, 7.4, 1, 35.0),  # a slow engine: one batch time, as before session 22
     (15.0, 5, 1, 7.4, 1, 15.0),  # only one frame coming: 7.4 ms of it, and at least one batch time
-    (15.0, 1, 40, 22.0, 1, 154.0),  # 7 missing of 40 coming, each a JPEG 2000 slice
+    (15.0, 1, 7, 22.0, 1, 154.0),  # 7 missing, 7 coming, each a JPEG 2000 slice
+    (15.0, 1, 40, 22.0, 1, 250.0),  # 7 missing of 40 coming: the decoders stay busy behind them, so until full
+    (15.0, 5, 4, 7.4, 1, 250.0),  # one frame behind the 3 missing keeps the one core busy (session 24)
+    (15.0, 5, 4, 7.4, 2, 15.0),  # ...but not two: the estimate, 11.1 ms, so one batch time
     (15.0, 0, 100, 50.0, 1, 250.0),  # never more than COMING_WAIT_MAX_S
     (15.0, 8, 4, 7.4, 1, 15.0),  # nothing missing
     (15.0, 5, 3, 0.0, 1, 15.0),  # no estimate yet

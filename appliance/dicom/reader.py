@@ -120,10 +120,7 @@ def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = _DEFAULT_L
     if len(data) > limits.max_bytes:
         raise LimitExceeded(f"input is {len(data)} bytes, over the limit max_bytes={limits.max_bytes}")
     if len(data) < 132 or data[128:132] != b"DICM":
-        raise DicomError(
-            "not a DICOM Part 10 file: no 'DICM' prefix after the 128-byte preamble "
-            "(file meta information is required)"
-        )
+        raise DicomError(f"not a DICOM Part 10 file: {_no_prefix(data)}")
     with _PARSE_LOCK, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         inst = _build(_read(data, limits), limits)
@@ -132,6 +129,19 @@ def parse(data: bytes | bytearray | memoryview, limits: DicomLimits = _DEFAULT_L
         logger.debug("pydicom emitted %d warning(s) while parsing: %s", len(caught),
                      sorted({w.category.__name__ for w in caught}))
     return inst
+
+
+def _no_prefix(data: bytes) -> str:
+    """What a file without the Part 10 header has instead (a writer that left out the preamble, or a bare dataset)."""
+    if data.startswith(b"DICM"):
+        return "it starts with the 'DICM' prefix but without the 128-byte preamble before it (PS3.10 7.1)"
+    if data.startswith(b"\x02\x00"):  # (0002,eeee): file meta information, little endian as PS3.10 requires
+        return ("it starts with its file meta information (group 0002) but without the 128-byte preamble and "
+                "'DICM' prefix before it (PS3.10 7.1)")
+    if data.startswith(b"\x08\x00"):  # (0008,eeee), little endian: a data set's first group
+        return ("it starts with a data set, without the 128-byte preamble, 'DICM' prefix and file meta information "
+                "(PS3.10 7.1) that name its transfer syntax")
+    return "no 'DICM' prefix after the 128-byte preamble (the preamble, prefix and file meta information are required)"
 
 
 def _read(data: bytes, limits: DicomLimits) -> Dataset:
@@ -172,7 +182,19 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
                          f"or a sequence delimiter missing): {first_line(e)}") from e
     except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
+    if len(ds) == 0 and len(data) > fp.tell():  # an undefined length that never closed: it kept nothing
+        raise DicomError(*damage.unclosed(data, _head(data)))
     return ds
+
+
+def _head(data: bytes) -> Dataset | None:
+    """The dataset up to its pixel data, or None when even that cannot be read."""
+    try:
+        return pydicom.dcmread(io.BytesIO(data), force=False, stop_before_pixels=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # noqa: BLE001 - only a diagnosis: the caller refuses the file either way
+        return None
 
 
 def _check_items(count: int, limits: DicomLimits) -> None:

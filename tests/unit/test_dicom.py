@@ -1194,6 +1194,69 @@ def test_a_file_cut_inside_a_private_element_with_its_creator_is_still_called_cu
         parse(data[:at + 100])
 
 
+@pytest.mark.parametrize(("strip", "says"), [
+    (128, r"it starts with the 'DICM' prefix but without the 128-byte preamble before it"),
+    (132, r"it starts with its file meta information \(group 0002\) but without the 128-byte preamble and 'DICM' "
+          r"prefix before it"),
+    (None, r"it starts with a data set, without the 128-byte preamble, 'DICM' prefix and file meta information"),
+])
+def test_a_file_without_the_part_10_header_is_told_what_it_lacks(strip: int | None, says: str) -> None:
+    """Session 24, a held-out corpus: files with file meta but no preamble, and a bare data set, were all told "no
+    'DICM' prefix after the 128-byte preamble (file meta information is required)"."""
+    ds = make_dataset()
+    if strip is None:
+        data = to_bytes(ds)
+        data = data[data.index(b"\x08\x00", 132 + struct.unpack_from("<I", data, 140)[0] + 12):]  # after the meta
+    else:
+        data = to_bytes(ds)[strip:]
+    with pytest.raises(DicomError, match=rf"^not a DICOM Part 10 file: {says}"):
+        parse(data)
+
+
+def test_transfer_syntaxes_newer_than_pydicom_are_named_in_a_refusal() -> None:
+    data = to_bytes(make_dataset())  # pydicom will not write a syntax it does not know: patch (0002,0010) in place
+    at = data.index(b"\x02\x00\x10\x00UI")
+    old = data[at + 8 : at + 8 + struct.unpack_from("<H", data, at + 6)[0]]
+    new = b"1.2.840.10008.1.2.8.1\x00"
+    group_length = struct.unpack_from("<I", data, 140)[0] + len(new) - len(old)  # (0002,0000), right after DICM
+    data = (data[:140] + struct.pack("<I", group_length) + data[144:at + 6] + struct.pack("<H", len(new)) + new
+            + data[at + 8 + len(old):])
+    with pytest.raises(UnsupportedTransferSyntax, match=r"'Deflated Image Frame Compression' "
+                                                        r"\(1\.2\.840\.10008\.1\.2\.8\.1\) is not accepted"):
+        parse(data)
+
+
+@pytest.mark.parametrize("vr", [b"OB", b"OW"])
+@pytest.mark.parametrize("cut", [8, 9, 100, 20_000])
+def test_a_compressed_file_cut_inside_its_pixel_data_is_named_as_such(vr: bytes, cut: int) -> None:
+    """Session 24, a held-out corpus: a compressed file without the (FFFE,E0DD) that closes its fragments was refused
+    as having "no data elements after the file meta information": pydicom keeps nothing of such a dataset."""
+    from appliance.tools import synthetic
+
+    data = synthetic.workload("j2k", 1, 0)[0].replace(b"\xe0\x7f\x10\x00OB", b"\xe0\x7f\x10\x00" + vr, 1)
+    assert parse(data).decode_frame(0).shape == (512, 512)  # whole, it is fine (OW as some writers have it)
+    with pytest.raises(DicomError, match=r"^the file ends inside \(7FE0,0010\) Pixel Data: its encapsulated fragments "
+                                         r"\(\d+ bytes\) are not closed by the \(FFFE,E0DD\) Sequence Delimitation "
+                                         r"Item \(truncated\)$") as info:
+        parse(data[:-cut])
+    assert info.value.field == "dicom.PixelData"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_file_cut_inside_another_element_of_undefined_length_does_not_blame_the_pixel_data(native: bool) -> None:
+    if native:
+        data = to_bytes(make_dataset())
+    else:
+        from appliance.tools import synthetic
+
+        data = synthetic.workload("rle", 1, 0)[0]  # its fragments are closed
+    data += struct.pack("<HH2sHI", 0x0009, 0x1001, b"OB", 0, 0xFFFFFFFF) + bytes(50)  # never closed
+    with pytest.raises(DicomError, match=r"^the file ends inside an element, sequence or item of undefined length, "
+                                         r"before its delimiter \(truncated\)") as info:
+        parse(data)
+    assert info.value.field == "dicom"
+
+
 def test_elements_of_repeating_groups_are_named_from_the_dictionary() -> None:
     from appliance.dicom.syntaxes import tag_label
 

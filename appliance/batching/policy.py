@@ -152,8 +152,11 @@ class PartnerOdds:
     and passes the time.
     """
 
-    #: arrivals the watched time must be worth, at the current arrival rate, before the measurement counts
-    EVIDENCE = 5.0
+    #: arrivals the watched time must be worth, at the current arrival rate, before the measurement counts: a lone
+    #: client at r requests/s is watched up to ``window_s`` a frame, so its time watched settles near r * MEMORY_S *
+    #: window_s, worth r**2 * 2 s * 5 ms arrivals: 4 at 20/s, where the arrival rate first makes a partner likely
+    #: (5 left 20-25/s waiting for nothing, session 24)
+    EVIDENCE = 4.0
     #: time constant of the sums' decay, s
     MEMORY_S = 2.0
 

@@ -849,6 +849,18 @@ def test_a_lone_closed_loop_client_stops_waiting_for_partners_that_never_come(fa
     assert not any(waited[-60:])  # measured, none ever came
 
 
+@pytest.mark.parametrize("turnaround_s", [0.034, 0.031, 0.028])  # 20.4-22.7 requests/s waiting, 22.7-26 not
+def test_a_lone_client_just_fast_enough_for_the_partner_wait_is_not_held_either(fake_manifest, turnaround_s):
+    """Session 23 left a gap: between 20 requests/s (where the arrival rate first says a partner is likely) and 25/s
+    the time a lone client's frames were watched was not yet evidence enough, so each of them still waited 5 ms."""
+    h = Harness(fake_manifest, max_wait_s=0.005, engine_opts={"latency_s": 0.01})
+    start = h.clock.monotonic()
+    waited = [not h.lone(turnaround_s) for _ in range(300)]  # at 20/s the evidence takes some 6 s to build up
+    rate = 300 / (h.clock.monotonic() - start)
+    assert rate * 0.005 >= FEW_ARRIVALS  # by the arrival rate alone, a partner was worth waiting for
+    assert not any(waited[-100:])
+
+
 def test_partners_that_do_come_are_still_waited_for(fake_manifest):
     h = Harness(fake_manifest, max_wait_s=0.005, engine_cls=Pipelined)  # a batch is answered a turn later
     for _ in range(40):  # a second client's slice follows the first one's by 2 ms, every time

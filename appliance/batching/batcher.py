@@ -27,7 +27,7 @@ import numpy as np
 
 from appliance.batching.inbox import BatchObserver, Inbox, QueueStats
 from appliance.batching.pacer import Pacer
-from appliance.batching.policy import choose, coming_wait, may_burst
+from appliance.batching.policy import backlog_stall, choose, coming_wait, may_burst
 from appliance.batching.work import ItemState, WorkItem
 from appliance.clock import Clock
 from appliance.config import BatcherConfig
@@ -157,6 +157,10 @@ class Batcher(Inbox):
             arrival_rate=rate,
             idle_since=now if self._in_flight else self._idle_since,
             partner_odds=self.partners.expected(rate),
+            stall_s=None if self.stage_lock is not None else backlog_stall(
+                batch_size=self.batch_size, ready=len(self._ready), coming=coming,
+                preprocess_s=self.preprocess_s_estimate, cores=self.preprocess_cores),
+            last_ready=self.last_ready,
         )
         if decision.launch is None:
             return None, decision.wait_s

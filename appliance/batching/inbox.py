@@ -147,6 +147,7 @@ class Inbox:
         self._arrived = 0  # frames in _arrivals
         self._arrived_decoded = 0  # ... of them not tensor rows
         self.preprocess_s_estimate = 0.0  # moving mean of a frame's time in a worker (0 until the first frame)
+        self.last_ready = -math.inf  # when a frame last became ready (the launch rule's sign of progress)
         # the arrivals seen while frames waited alone: whether the launch rule waits for a partner (policy.PartnerOdds)
         self.partners = PartnerOdds(self.config.max_wait_s)
 
@@ -328,7 +329,7 @@ class Inbox:
                 finish = True
             else:
                 item.state = ItemState.READY
-                item.t_ready = self.clock.monotonic()
+                item.t_ready = self.last_ready = self.clock.monotonic()
                 self._ready.append(item)
                 self._cond.notify_all()
         if finish:

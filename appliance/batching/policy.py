@@ -3,7 +3,8 @@
 NOTE (launch rule): launch when B frames are ready, or when the oldest ready frame has waited ``max_wait`` --
 or, while more frames are known to be coming (admitted and decoding, or being parsed), up to the time their
 preprocessing needs to fill the batch (:func:`coming_wait`: at least one batch time, at most 0.25 s; until it is
-full when the decoders have work behind it), since a padded row costs the same engine time as a real one. When
+full when the decoders have work behind it and frames keep becoming ready, :func:`backlog_stall`), since a padded
+row costs the same engine time as a real one. When
 enough frames are coming to fill the batch, that wait counts only the engine's idle time (from ``idle_since``):
 frames that became ready while the engine was busy have not made it wait, and on a saturated box an idle engine
 leaves its core to the decoders that are finishing the batch. When nothing is coming and fewer than
@@ -26,13 +27,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["BATCH_AGING_S", "BURST_LOAD", "COMING_WAIT_MAX_S", "FEW_ARRIVALS", "Decision", "PartnerOdds", "Ready",
-           "choose", "coming_wait", "may_burst"]
+__all__ = ["BATCH_AGING_S", "BURST_LOAD", "COMING_WAIT_MAX_S", "FEW_ARRIVALS", "STALL_FRAMES", "Decision",
+           "PartnerOdds", "Ready", "backlog_stall", "choose", "coming_wait", "may_burst"]
 
 #: Partners to expect within ``max_wait`` below which a partial batch with nothing coming does not wait.
 FEW_ARRIVALS = 0.1
-#: The longest a partial batch waits for frames on their way, s (:func:`coming_wait`).
+#: The longest a partial batch waits for frames on their way, s (:func:`coming_wait`, :func:`backlog_stall`).
 COMING_WAIT_MAX_S = 0.25
+#: Frame times (the preprocessing estimate per core) without a frame becoming ready after which a batch that waits
+#: to be full launches what it has (:func:`backlog_stall`).
+STALL_FRAMES = 4.0
 #: Seconds a decoded frame may wait for the engine before its class no longer matters, only its age: INTERACTIVE frames
 #: still go first, but a BATCH frame is not passed over for ever (it also holds an inbox slot while it waits).
 BATCH_AGING_S = 1.0
@@ -83,6 +87,8 @@ def choose(
     arrival_rate: float = math.inf,
     idle_since: float = -math.inf,
     partner_odds: float | None = None,
+    stall_s: float | None = None,
+    last_ready: float = -math.inf,
 ) -> Decision:
     """Decide the next launch.
 
@@ -103,6 +109,9 @@ def choose(
         idle_since: when the engine last became idle (``now`` while a batch is in flight).
         partner_odds: partners to expect within ``max_wait_s`` of a frame left alone (:meth:`PartnerOdds.expected`:
             the arrivals seen while frames waited alone, once they are evidence enough); None: from ``arrival_rate``.
+        stall_s: with a backlog behind the coming frames (:func:`backlog_stall`), wait for a full batch until this
+            long passes without a frame becoming ready (at most :data:`COMING_WAIT_MAX_S`); None: do not.
+        last_ready: when a frame last became ready.
     """
     if not ready:
         return Decision(None, 0.1)
@@ -123,6 +132,8 @@ def choose(
         max_wait = max(max_wait, coming_wait_s)
         if len(ready) + coming >= batch_size:
             since = max(since, idle_since)  # ...or, with a full batch on its way, from when the engine went idle
+            if stall_s is not None:  # until full, while frames keep becoming ready
+                max_wait = max(max_wait, min(COMING_WAIT_MAX_S, max(last_ready - since, 0.0) + stall_s))
     deadlines = [r.deadline for r in ready if r.deadline is not None]
     if deadlines:  # never hold a frame past the point where its batch could still finish in time
         max_wait = min(max_wait, max(0.0, min(deadlines) - batch_s - since))
@@ -232,18 +243,25 @@ def coming_wait(*, batch_s: float, batch_size: int, ready: int, coming: int, pre
     :data:`COMING_WAIT_MAX_S`. One batch time alone was too short a wait where the engine is fast beside the
     decoders (15 ms a batch of 8 against 4-22 ms a slice): at 16 clients batches carried 5.5 real rows of 8, and
     the padding cost a third of the engine's CPU (docs/performance.md, "Session 22").
-
-    When more frames are coming than the batch is missing, by at least ``cores``, the decoders stay busy after it
-    fills, so an idle engine costs no throughput while a padded row costs a real one's engine time: the batch
-    waits until it is full (at most :data:`COMING_WAIT_MAX_S`, never past a deadline). The fill estimate is a
-    mean, and a JPEG 2000 slice takes three times it: at 16 clients batches launched with 6.1 real rows of 8 while
-    9.8 frames were on their way (docs/performance.md, "Session 24").
     """
-    missing = max(batch_size - ready, 0)
-    if missing and coming >= missing + max(cores, 1):
-        return COMING_WAIT_MAX_S  # the preprocessing stays busy past the batch's fill: an idle engine costs nothing
-    fill_s = min(missing, coming) * max(preprocess_s, 0.0) / max(cores, 1)
+    fill_s = max(min(batch_size - ready, coming), 0) * max(preprocess_s, 0.0) / max(cores, 1)
     return min(max(batch_s, fill_s), COMING_WAIT_MAX_S)
+
+
+def backlog_stall(*, batch_size: int, ready: int, coming: int, preprocess_s: float, cores: int) -> float | None:
+    """How long a partial batch that waits to be full may go without a frame becoming ready (``stall_s``).
+
+    None when it does not wait to be full: only when the frames coming exceed the batch's missing ones by at least
+    the preprocessing's ``cores`` do the decoders stay busy after it fills, so that an idle engine costs no
+    throughput while a padded row costs a real one's engine time. The fill estimate is a mean, and a JPEG 2000 slice
+    takes three times it: at 16 clients batches launched with 6.1 real rows of 8 while 9.8 frames were on their way
+    (docs/performance.md, "Session 24"). The wait lasts while frames keep becoming ready: :data:`STALL_FRAMES`
+    frame times without one (a hung decoder, files stuck in parsing, a replaced worker), and it launches.
+    """
+    missing = batch_size - ready
+    if missing <= 0 or coming < missing + max(cores, 1) or preprocess_s <= 0.0:
+        return None
+    return STALL_FRAMES * preprocess_s / max(cores, 1)
 
 
 def may_burst(*, sequential: bool, preprocessing_idle: bool, arrival_rate: float, batch_s: float,

@@ -14,6 +14,7 @@ from appliance.batching.policy import (
     FEW_ARRIVALS,
     Decision,
     PartnerOdds,
+    backlog_stall,
     choose,
     coming_wait,
     may_burst,
@@ -204,10 +205,7 @@ def test_the_expected_decoding_is_spread_over_the_cores_the_engine_leaves() -> N
     (15.0, 5, 3, 7.4, 2, 15.0),  # the same on two cores: 11.1 ms, so one batch time
     (35.0, 5, 3, 7.4, 1, 35.0),  # a slow engine: one batch time, as before session 22
     (15.0, 5, 1, 7.4, 1, 15.0),  # only one frame coming: 7.4 ms of it, and at least one batch time
-    (15.0, 1, 7, 22.0, 1, 154.0),  # 7 missing, 7 coming, each a JPEG 2000 slice
-    (15.0, 1, 40, 22.0, 1, 250.0),  # 7 missing of 40 coming: the decoders stay busy behind them, so until full
-    (15.0, 5, 4, 7.4, 1, 250.0),  # one frame behind the 3 missing keeps the one core busy (session 24)
-    (15.0, 5, 4, 7.4, 2, 15.0),  # ...but not two: the estimate, 11.1 ms, so one batch time
+    (15.0, 1, 40, 22.0, 1, 154.0),  # 7 missing of 40 coming, each a JPEG 2000 slice
     (15.0, 0, 100, 50.0, 1, 250.0),  # never more than COMING_WAIT_MAX_S
     (15.0, 8, 4, 7.4, 1, 15.0),  # nothing missing
     (15.0, 5, 3, 0.0, 1, 15.0),  # no estimate yet
@@ -218,3 +216,29 @@ def test_a_partial_batch_waits_as_long_as_its_frames_take_to_arrive(batch_s, rea
                       cores=cores)
     assert got == pytest.approx(expected_ms / 1e3)
     assert COMING_WAIT_MAX_S == 0.25
+
+
+@pytest.mark.parametrize(("ready", "coming", "cores", "pre_ms", "expected_ms"), [
+    (5, 4, 1, 7.4, 29.6),  # one frame behind the 3 missing keeps the one core busy: 4 frame times without progress
+    (5, 4, 2, 7.4, None),  # ...but not two cores
+    (5, 3, 1, 7.4, None),  # exactly the missing frames: the fill estimate alone (coming_wait)
+    (1, 40, 1, 22.0, 88.0),
+    (8, 4, 1, 7.4, None),  # nothing missing
+    (5, 4, 1, 0.0, None),  # no estimate yet
+])
+def test_a_batch_waits_to_be_full_only_with_a_backlog_behind_its_coming_frames(ready, coming, cores, pre_ms,
+                                                                              expected_ms) -> None:
+    got = backlog_stall(batch_size=8, ready=ready, coming=coming, preprocess_s=pre_ms / 1e3, cores=cores)
+    assert got == (None if expected_ms is None else pytest.approx(expected_ms / 1e3))
+
+
+def test_a_batch_waiting_to_be_full_launches_once_frames_stop_becoming_ready() -> None:
+    args = {"batch_size": 4, "batch_s": 0.01, "pace_delay_s": 0.0, "pace_gap_s": 0.0, "max_wait_s": 0.005,
+            "coming": 6, "coming_wait_s": 0.02, "idle_since": 0.9, "stall_s": 0.03}
+    ready = [F(BATCH, 0.85), F(BATCH, 0.95)]
+    assert choose(ready, 1.0, **args, last_ready=0.99) == Decision(None, pytest.approx(0.02))  # until 0.99 + 0.03
+    assert choose(ready, 1.0, **args, last_ready=0.95).launch == (0, 1)  # 50 ms since the last: stalled
+    assert choose(ready, 1.0, **{**args, "stall_s": None}, last_ready=0.99).launch == (0, 1)  # the fill estimate only
+    # frames keep becoming ready: it waits on, up to COMING_WAIT_MAX_S from when the engine went idle (0.9)
+    assert choose(ready, 1.14, **args, last_ready=1.13) == Decision(None, pytest.approx(0.01))
+    assert choose(ready, 1.151, **args, last_ready=1.15).launch == (0, 1)

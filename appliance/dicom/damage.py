@@ -8,6 +8,8 @@ what notes the repeats while pydicom reads.
 
 from __future__ import annotations
 
+import struct
+
 from pydicom.datadict import keyword_for_tag, tag_for_keyword
 from pydicom.dataset import Dataset
 
@@ -21,7 +23,6 @@ _PIXEL_TAGS = frozenset(tag_for_keyword(keyword) for keyword in PIXEL_KEYWORDS)
 #: (7FE0,0010) Pixel Data, encapsulated: explicit VR little endian, undefined length (every compressed syntax); OB
 #: as PS3.5 says, or OW as some writers have it (pydicom-data's emri_small_jpeg_2k_lossless)
 _ENCAPSULATED = tuple(b"\xe0\x7f\x10\x00" + vr + b"\x00\x00\xff\xff\xff\xff" for vr in (b"OB", b"OW"))
-_SEQUENCE_END = b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"  # (FFFE,E0DD) Sequence Delimitation Item, length 0
 
 #: The sequences whose items the pipelines read (the modality LUT; an enhanced image's functional groups and the
 #: macros inside them): a repeat inside their items is refused like one at the top level.
@@ -56,21 +57,26 @@ def cut_short(ds: Dataset) -> str | None:
     return None
 
 
-def unclosed(data: bytes, head: Dataset | None) -> tuple[str, str]:
-    """Say why pydicom read no element at all of a file whose dataset has bytes: (message, field).
+def unclosed(data: bytes, at: int | None, *, big: bool = False) -> tuple[str, str]:
+    """Say why pydicom read no element at all of a file whose data set has bytes: (message, field).
 
     pydicom reads an element of undefined length up to its delimiter; when the file ends first it warns and keeps
-    nothing of the dataset, not even the elements before it. The commonest case is a compressed file cut short: its
+    nothing of the data set, not even the elements before it. The commonest case is a compressed file cut short: its
     encapsulated Pixel Data's fragments are never closed by the (FFFE,E0DD) Sequence Delimitation Item (a held-out
-    corpus, session 24: "no data elements after the file meta information" for 40 KB of elements). ``head`` is the
-    same file read again up to its pixel data (None if that failed too).
+    corpus, session 24: "no data elements after the file meta information" for 40 KB of elements). ``at`` is where
+    the element pydicom could not finish begins (:func:`appliance.dicom.repeats.top_stopped_at`), so the element is
+    named from its own tag; ``big`` for Explicit VR Big Endian.
     """
-    at = max(data.rfind(pattern) for pattern in _ENCAPSULATED)
-    if head is not None and len(head) and at >= 0 and data.find(_SEQUENCE_END, at) < 0:
-        return (f"the file ends inside {tag_label(0x7FE00010)}: its encapsulated fragments ({len(data) - at - 12} "
-                "bytes) are not closed by the (FFFE,E0DD) Sequence Delimitation Item (truncated)", "dicom.PixelData")
-    return ("the file ends inside an element, sequence or item of undefined length, before its delimiter "
-            "(truncated): pydicom could read none of the dataset", "dicom")
+    if at is None or at + 4 > len(data) or (at + 12 > len(data) and not big):
+        return ("the file ends inside an element of undefined length, before its delimiter (truncated): pydicom "
+                "could read none of the data set", "dicom")
+    group, element = struct.unpack_from(">HH" if big else "<HH", data, at)
+    tag = group << 16 | element
+    if tag == 0x7FE00010 and data[at:at + 12] in _ENCAPSULATED:
+        return (f"the file ends inside {tag_label(tag)}: its encapsulated fragments ({len(data) - at - 12} bytes) are "
+                "not closed by the (FFFE,E0DD) Sequence Delimitation Item (truncated)", "dicom.PixelData")
+    return (f"the file ends inside {tag_label(tag)}, a value of undefined length, before its delimiter (truncated): "
+            "pydicom could read none of the data set", "dicom")
 
 
 def _not_an_element(ds: Dataset, tag: int, before: int) -> str:

@@ -135,7 +135,8 @@ def _no_prefix(data: bytes) -> str:
     """What a file without the Part 10 header has instead (a writer that left out the preamble, or a bare dataset)."""
     if data.startswith(b"DICM"):
         return "it starts with the 'DICM' prefix but without the 128-byte preamble before it (PS3.10 7.1)"
-    if data.startswith(b"\x02\x00"):  # (0002,eeee): file meta information, little endian as PS3.10 requires
+    if data.startswith(b"\x02\x00") and data[4:6].isalpha() and data[4:6].isupper():  # (0002,eeee) and a VR:
+        # file meta information, explicit VR little endian as PS3.10 requires
         return ("it starts with its file meta information (group 0002) but without the 128-byte preamble and "
                 "'DICM' prefix before it (PS3.10 7.1)")
     if data.startswith(b"\x08\x00"):  # (0008,eeee), little endian: a data set's first group
@@ -183,18 +184,8 @@ def _read(data: bytes, limits: DicomLimits) -> Dataset:
     except BaseException as e:  # noqa: BLE001 - pydicom raises many types on malformed input
         raise DicomError(f"cannot parse the DICOM dataset: {type(e).__name__}") from e
     if len(ds) == 0 and len(data) > fp.tell():  # an undefined length that never closed: it kept nothing
-        raise DicomError(*damage.unclosed(data, _head(data)))
+        raise DicomError(*damage.unclosed(data, repeats.top_stopped_at(), big=ts == _uid.ExplicitVRBigEndian))
     return ds
-
-
-def _head(data: bytes) -> Dataset | None:
-    """The dataset up to its pixel data, or None when even that cannot be read."""
-    try:
-        return pydicom.dcmread(io.BytesIO(data), force=False, stop_before_pixels=True)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException:  # noqa: BLE001 - only a diagnosis: the caller refuses the file either way
-        return None
 
 
 def _check_items(count: int, limits: DicomLimits) -> None:

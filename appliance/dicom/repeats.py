@@ -23,7 +23,7 @@ from pydicom.dataset import Dataset
 
 from appliance.errors import LimitExceeded
 
-__all__ = ["clear", "install", "meta_repeated", "repeated", "top_repeated"]
+__all__ = ["clear", "install", "meta_repeated", "repeated", "top_repeated", "top_stopped_at"]
 
 # per thread: .stack, one list of repeated tags per data set being read; .meta and .top, those of the last file meta
 # and top-level data set; .tally, [elements read since clear(), max_elements]
@@ -40,7 +40,10 @@ def _watched_generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
     """
     stack: list[list[int]] = getattr(_local, "stack", [])
     tally: list[int] | None = getattr(_local, "tally", None)  # [elements read, bound], shared by nested reads
+    at: list[int] = getattr(_local, "at", [[0]])[-1]  # where the data set being read has got to, in its file
+    fp = args[0] if args else kwargs["fp"]
     seen: set[int] = set()
+    at[0] = fp.tell()
     for element in _ORIGINAL_GENERATOR(*args, **kwargs):
         if tally is not None:
             tally[0] += 1
@@ -51,20 +54,25 @@ def _watched_generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
         if tag in seen and stack:
             stack[-1].append(int(tag))  # nested items were read (and popped) before the outer generator resumes
         seen.add(tag)
+        at[0] = fp.tell()  # the next element starts here
         yield element
 
 
 def _watched_read_dataset(*args: Any, **kwargs: Any) -> Dataset:
     stack = _local.__dict__.setdefault("stack", [])
+    at = _local.__dict__.setdefault("at", [])
     stack.append([])
+    at.append([-1])
     try:
         ds = _ORIGINAL_READ_DATASET(*args, **kwargs)
     finally:
         found = stack.pop()
+        stopped = at.pop()[0]
     if kwargs.get("stop_when") is not None:  # the file meta: read up to the first element past group 0002
         _local.meta = found
     elif kwargs.get("at_top_level", True):  # the data set itself (pydicom copies it into a FileDataset)
         _local.top = found
+        _local.top_stopped = stopped
     elif found:  # a sequence item
         object.__setattr__(ds, _ATTR, tuple(found))
     return ds
@@ -102,8 +110,20 @@ def meta_repeated() -> tuple[int, ...]:
     return tuple(getattr(_local, "meta", ()))
 
 
+def top_stopped_at() -> int | None:
+    """Where, in its file, the last read of a top-level data set on this thread began the element it did not finish.
+
+    At the end of the file when it finished them all. pydicom keeps nothing of a data set whose last element (one of
+    undefined length, read up to its delimiter) runs into the end of the file: this is that element
+    (:func:`appliance.dicom.damage.unclosed`). None before any read of one.
+    """
+    stopped = getattr(_local, "top_stopped", -1)
+    return None if stopped < 0 else int(stopped)
+
+
 def clear(max_elements: int | None = None) -> None:
     """Forget the last file's repeats and element count (before reading the next file), and bound the next count."""
     _local.meta = []
     _local.top = []
+    _local.top_stopped = -1
     _local.tally = None if max_elements is None else [0, max_elements]

@@ -4,13 +4,12 @@ NOTE (launch rule): launch when B frames are ready, or when the oldest ready fra
 or, while more frames are known to be coming (admitted and decoding, or being parsed), up to the time their
 preprocessing needs to fill the batch (:func:`coming_wait`: at least one batch time, at most 0.25 s; until it is
 full when the decoders have work behind it and frames keep becoming ready, :func:`backlog_stall`), since a padded
-row costs the same engine time as a real one. When
-enough frames are coming to fill the batch, that wait counts only the engine's idle time (from ``idle_since``):
-frames that became ready while the engine was busy have not made it wait, and on a saturated box an idle engine
-leaves its core to the decoders that are finishing the batch. When nothing is coming and fewer than
-:data:`FEW_ARRIVALS` partners are to be expected within ``max_wait`` (:class:`PartnerOdds`: the arrival rate
-measured while frames waited alone; a lone closed-loop client, whose next request follows this one's answer, or
-an idle box), a partial batch launches at once: waiting would only add latency.
+row costs the same engine time as a real one. When enough frames are coming to fill the batch, that wait counts
+only the engine's idle time (from ``idle_since``): frames that became ready while the engine was busy have not made
+it wait, and on a saturated box an idle engine leaves its core to the decoders that are finishing the batch. When
+nothing is coming and fewer than :data:`FEW_ARRIVALS` partners are to be expected within ``max_wait``
+(:class:`PartnerOdds`: the arrival rate measured while frames waited alone; a lone closed-loop client, whose next
+request follows this one's answer, or an idle box), a partial batch launches at once: waiting would only add latency.
 INTERACTIVE frames are taken before BATCH frames, oldest first within a class. Under a thermal duty u < 1 the
 pacer leaves gaps of about b(1-u)/u between batches, and the wait for partners grows by that gap (a padded slot
 burns the same power as a real one) -- but never past the point where the earliest deadline could still be met.

@@ -9,7 +9,8 @@ data set read records the tags its generator yielded twice: :func:`repeated` giv
 :func:`top_repeated` and :func:`meta_repeated` for the data set and the file meta information of the last parse on
 this thread (pydicom copies both into new objects). Sequences of defined length are read when first accessed; their
 items are watched then. It also counts the elements a parse reads, all levels, and ends the parse past
-``dicom.max_elements``. Pure bookkeeping: the values are never read here.
+``dicom.max_elements``; and it notes where the reading of the top-level data set stopped (:func:`top_stopped_at`:
+the element pydicom could not finish). Pure bookkeeping: the values are never read here.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from appliance.errors import LimitExceeded
 __all__ = ["clear", "install", "meta_repeated", "repeated", "top_repeated", "top_stopped_at"]
 
 # per thread: .stack, one list of repeated tags per data set being read; .meta and .top, those of the last file meta
-# and top-level data set; .tally, [elements read since clear(), max_elements]
+# and top-level data set; .tally, [elements read since clear(), max_elements]; .at, one [file offset of the next
+# element] per data set being read; .top_stopped, that offset where the last top-level read stopped (-1: none)
 _local = threading.local()
 _ATTR = "_appliance_repeated"
 _installed = False

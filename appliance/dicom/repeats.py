@@ -42,7 +42,8 @@ def _watched_generator(*args: Any, **kwargs: Any) -> Iterator[Any]:
     """
     stack: list[list[int]] = getattr(_local, "stack", [])
     tally: list[int] | None = getattr(_local, "tally", None)  # [elements read, bound], shared by nested reads
-    at: list[int] = getattr(_local, "at", [[0]])[-1]  # where the data set being read has got to, in its file
+    frames: list[list[int]] = getattr(_local, "at", [])
+    at = frames[-1] if frames else [0]  # where the data set being read has got to (none: a generator on its own)
     fp = args[0] if args else kwargs["fp"]
     seen: set[int] = set()
     at[0] = fp.tell()

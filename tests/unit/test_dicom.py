@@ -1194,6 +1194,18 @@ def test_a_file_cut_inside_a_private_element_with_its_creator_is_still_called_cu
         parse(data[:at + 100])
 
 
+def test_pydicoms_deferred_reads_still_work_after_a_parse_in_the_same_thread(tmp_path) -> None:
+    """The reader's watch on pydicom's element generator (appliance.dicom.repeats) keeps a stack of where each data set
+    being read has got to; pydicom's deferred read calls the generator on its own, outside any data set read, and
+    raised IndexError on the empty stack left by an earlier parse (found in the session's final read)."""
+    data = to_bytes(make_dataset(rows=64, columns=64))
+    parse(data)
+    path = tmp_path / "slice.dcm"
+    path.write_bytes(data)
+    ds = pydicom.dcmread(path, defer_size=1024)
+    assert len(ds.PixelData) == 64 * 64 * 2
+
+
 @pytest.mark.parametrize(("strip", "says"), [
     (128, r"it starts with the 'DICM' prefix but without the 128-byte preamble before it"),
     (132, r"it starts with its file meta information \(group 0002\) but without the 128-byte preamble and 'DICM' "

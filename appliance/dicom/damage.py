@@ -67,7 +67,7 @@ def unclosed(data: bytes, at: int | None, *, big: bool = False) -> tuple[str, st
     the element pydicom could not finish begins (:func:`appliance.dicom.repeats.top_stopped_at`), so the element is
     named from its own tag; ``big`` for Explicit VR Big Endian.
     """
-    if at is None or at + 4 > len(data) or (at + 12 > len(data) and not big):
+    if at is None or at + 4 > len(data):
         return ("the file ends inside an element of undefined length, before its delimiter (truncated): pydicom "
                 "could read none of the data set", "dicom")
     group, element = struct.unpack_from(">HH" if big else "<HH", data, at)

@@ -791,7 +791,7 @@ def _run_until(h: Harness, t: float) -> None:
     while h.clock.monotonic() < t - 1e-9:
         wait = h.batcher.step(block=False)
         assert wait is not None
-        h.clock.advance(min(wait if wait > 0 else 0.001, 0.001, t - h.clock.monotonic()))
+        h.clock.advance(min(0.001, t - h.clock.monotonic()))
 
 
 def test_a_partial_batch_with_a_backlog_behind_its_coming_frames_waits_until_it_is_full(fake_manifest):
